@@ -1,0 +1,172 @@
+// Package cloud is csid's view of a block-storage provider: disks, the nodes
+// (instances) they attach to, and the long-running operations that change
+// them. It knows nothing of CSI or gRPC.
+//
+// The provider csid is built for grows a disk only while it is detached:
+// ResizeDisk of an attached disk fails with ErrAttached.
+//
+// Every mutating call returns an Operation at once. The caller persists the
+// operation's ID before waiting, so that after a restart it waits on the same
+// operation again (WaitOperation) instead of starting a second one. Every
+// mutating call is also idempotent, so starting it again is safe too.
+package cloud
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Typed errors. Implementations wrap them (fmt.Errorf("...: %w", ErrX)) so
+// that callers decide with errors.Is, never by matching message text.
+var (
+	// ErrNotFound: the disk, node or operation does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyExists: a disk with this name exists with another size.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrAttached: the disk is attached (to another node for AttachDisk;
+	// at all for ResizeDisk and DeleteDisk).
+	ErrAttached = errors.New("disk is attached")
+	// ErrLimitReached: the node has no free attachment slot, or the
+	// provider has no capacity left for the disk.
+	ErrLimitReached = errors.New("limit reached")
+	// ErrInvalid: an argument is malformed (an id that is not one of the
+	// provider's, a negative or oversized size, ...).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrTransient: the provider failed in a way that retrying may cure.
+	ErrTransient = errors.New("transient provider error")
+)
+
+// Disk is a block-storage disk as the provider reports it.
+type Disk struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name"`
+	SizeBytes int64             `json:"sizeBytes"`
+	Zone      string            `json:"zone,omitempty"`
+	Tags      map[string]string `json:"tags,omitempty"`
+	// AttachedTo is the node the disk is attached to; empty when detached.
+	AttachedTo string    `json:"attachedTo,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
+}
+
+// DiskSpec describes a disk to create.
+type DiskSpec struct {
+	// Name is the idempotency key: creating the same name twice with the
+	// same size returns the same disk.
+	Name      string
+	SizeBytes int64
+	// Zone is where to create the disk; empty means the provider's default.
+	Zone string
+	// Tags are kept with the disk and reported by GetDisk and ListDisks;
+	// csid stores in them what it needs to rebuild its records.
+	Tags map[string]string
+}
+
+// OpKind names what an operation does.
+type OpKind string
+
+// Operation kinds.
+const (
+	OpCreate OpKind = "create"
+	OpDelete OpKind = "delete"
+	OpAttach OpKind = "attach"
+	OpDetach OpKind = "detach"
+	OpResize OpKind = "resize"
+)
+
+// Operation is a long-running provider operation.
+type Operation struct {
+	// ID is stable for the life of the operation and survives restarts of
+	// both csid and the provider.
+	ID     string `json:"id"`
+	Kind   OpKind `json:"kind"`
+	DiskID string `json:"diskID"`
+	NodeID string `json:"nodeID,omitempty"`
+}
+
+// ListOptions pages through ListDisks.
+type ListOptions struct {
+	// PageToken is "" for the first page, else a previous NextToken.
+	PageToken string
+	// MaxResults is the page size; 0 means the provider's default.
+	MaxResults int
+}
+
+// DiskPage is one page of ListDisks, ordered by disk ID.
+type DiskPage struct {
+	Disks []Disk
+	// NextToken is "" on the last page.
+	NextToken string
+}
+
+// Node is an instance that disks attach to.
+type Node struct {
+	ID   string `json:"id"`
+	Zone string `json:"zone,omitempty"`
+	// MaxAttachments is the number of disks the node can hold; 0 means no
+	// limit is known.
+	MaxAttachments int `json:"maxAttachments,omitempty"`
+}
+
+// Cloud is the control plane of a block-storage provider.
+type Cloud interface {
+	// CreateDisk starts creating a disk. Repeat calls with the same name and
+	// size return an operation that yields the same disk; the same name with
+	// another size fails with ErrAlreadyExists. A crash of the provider at
+	// any point never leaves a half-created disk that looks whole.
+	CreateDisk(ctx context.Context, spec DiskSpec) (Operation, error)
+	// DeleteDisk starts deleting a disk. A disk that does not exist is
+	// success (the operation completes at once). An attached disk fails
+	// with ErrAttached.
+	DeleteDisk(ctx context.Context, diskID string) (Operation, error)
+	// GetDisk reports a disk, or ErrNotFound.
+	GetDisk(ctx context.Context, diskID string) (Disk, error)
+	// ListDisks returns one page of disks ordered by ID. A token that names a
+	// disk deleted since is not an error. A malformed token is ErrInvalid.
+	ListDisks(ctx context.Context, opts ListOptions) (DiskPage, error)
+	// AttachDisk starts attaching a disk to a node. Attaching to the node it
+	// is already attached to is success; to another node, ErrAttached; an
+	// unknown disk or node, ErrNotFound; a full node, ErrLimitReached.
+	AttachDisk(ctx context.Context, diskID, nodeID string) (Operation, error)
+	// DetachDisk starts detaching a disk from a node. A disk that is not
+	// attached to that node (or does not exist) is success.
+	DetachDisk(ctx context.Context, diskID, nodeID string) (Operation, error)
+	// ResizeDisk starts growing a detached disk to sizeBytes. A disk already
+	// at least that large is success; an attached disk fails with
+	// ErrAttached (offline-only provider); shrinking is ErrInvalid.
+	ResizeDisk(ctx context.Context, diskID string, sizeBytes int64) (Operation, error)
+	// WaitOperation blocks until the operation has finished (or ctx ends)
+	// and returns the disk as the operation left it. For a finished delete
+	// it returns the zero Disk. An unknown operation ID is ErrNotFound. It
+	// may be called any number of times, also after a restart.
+	WaitOperation(ctx context.Context, opID string) (Disk, error)
+	// GetNode reports a node, or ErrNotFound.
+	GetNode(ctx context.Context, nodeID string) (Node, error)
+	// Capacity reports the bytes available for new disks in a zone ("" for
+	// the default zone).
+	Capacity(ctx context.Context, zone string) (int64, error)
+	// Zones lists the provider's zones; a provider without topology returns
+	// nil.
+	Zones() []string
+}
+
+// Host is the node side of a provider: what a node plugin needs to use the
+// disks attached to the node it runs on.
+type Host interface {
+	// NodeID is the node this host is.
+	NodeID() string
+	// DevicePath returns the block device of a disk attached to this node,
+	// waiting for it to appear. A disk not attached to this node is
+	// ErrNotFound. Repeat calls return the same device; after a restart of
+	// csid it is found again, never duplicated.
+	DevicePath(ctx context.Context, diskID string) (string, error)
+	// Devices lists the devices this host has materialised for disks, keyed
+	// by disk ID (for inspection and leak checks).
+	Devices(ctx context.Context) (map[string]string, error)
+}
+
+// Registrar is implemented by providers where a node announces itself (the
+// local backend): a node process registers at start-up, with its attach limit.
+type Registrar interface {
+	RegisterNode(ctx context.Context, node Node) error
+}

@@ -1,0 +1,5 @@
+package fsm
+
+import "flag"
+
+var update = flag.Bool("update", false, "rewrite docs/state-machine.md from the code")

@@ -1,0 +1,204 @@
+package fsm
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestEveryStateEventPair walks the full state x event x guard matrix. The
+// expected column is written out by hand, independently of the table, so a
+// change to the table that is not also made here fails.
+func TestEveryStateEventPair(t *testing.T) {
+	const illegal State = "-"
+	type guarded struct {
+		g    Guard
+		want State
+	}
+	// For each event: the guards it is asked with, and for each state the
+	// expected destination per guard (illegal where rejected).
+	expect := map[Event]map[State][]guarded{
+		Create: {
+			Absent: {{NoGuard, Created}}, Created: {{NoGuard, illegal}}, NodeReady: {{NoGuard, illegal}},
+			VolReady: {{NoGuard, illegal}}, Published: {{NoGuard, illegal}},
+		},
+		Delete: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, Absent}}, NodeReady: {{NoGuard, illegal}},
+			VolReady: {{NoGuard, illegal}}, Published: {{NoGuard, illegal}},
+		},
+		ControllerPublish: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, NodeReady}}, NodeReady: {{NoGuard, illegal}},
+			VolReady: {{NoGuard, illegal}}, Published: {{NoGuard, illegal}},
+		},
+		ControllerUnpublish: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, illegal}}, NodeReady: {{NoGuard, Created}},
+			VolReady: {{NoGuard, illegal}}, Published: {{NoGuard, illegal}},
+		},
+		NodeStage: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, illegal}}, NodeReady: {{NoGuard, VolReady}},
+			VolReady: {{NoGuard, illegal}}, Published: {{NoGuard, illegal}},
+		},
+		NodeUnstage: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, illegal}}, NodeReady: {{NoGuard, illegal}},
+			VolReady: {{NoGuard, NodeReady}}, Published: {{NoGuard, illegal}},
+		},
+		NodePublish: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, illegal}}, NodeReady: {{NoGuard, illegal}},
+			VolReady: {{NoGuard, Published}}, Published: {{NoGuard, Published}},
+		},
+		NodeUnpublish: {
+			Absent:    {{LastTarget, illegal}, {OtherTargets, illegal}, {NoGuard, illegal}},
+			Created:   {{LastTarget, illegal}, {OtherTargets, illegal}, {NoGuard, illegal}},
+			NodeReady: {{LastTarget, illegal}, {OtherTargets, illegal}, {NoGuard, illegal}},
+			VolReady:  {{LastTarget, illegal}, {OtherTargets, illegal}, {NoGuard, illegal}},
+			Published: {{LastTarget, VolReady}, {OtherTargets, Published}, {NoGuard, illegal}},
+		},
+		Expand: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, Created}}, NodeReady: {{NoGuard, NodeReady}},
+			VolReady: {{NoGuard, VolReady}}, Published: {{NoGuard, Published}},
+		},
+		NodeExpand: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, illegal}}, NodeReady: {{NoGuard, illegal}},
+			VolReady: {{NoGuard, VolReady}}, Published: {{NoGuard, Published}},
+		},
+	}
+	deferredIn := map[State]bool{NodeReady: true, VolReady: true, Published: true}
+
+	if len(expect) != len(Events) {
+		t.Fatalf("expectation covers %d events, the package declares %d", len(expect), len(Events))
+	}
+	pairs := 0
+	for _, e := range Events {
+		for _, s := range States {
+			cases, ok := expect[e][s]
+			if !ok {
+				t.Fatalf("no expectation for %s in %s", e, s)
+			}
+			for _, c := range cases {
+				pairs++
+				step, err := Next(s, e, c.g)
+				if c.want == illegal {
+					if !errors.Is(err, ErrIllegal) {
+						t.Errorf("%s [%s] in %s: want ErrIllegal, got step %+v err %v", e, c.g, s, step, err)
+					}
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s [%s] in %s: want %s, got %v", e, c.g, s, c.want, err)
+					continue
+				}
+				if step.To != c.want || step.From != s || step.Event != e {
+					t.Errorf("%s [%s] in %s: got %+v, want to=%s", e, c.g, s, step, c.want)
+				}
+				if e == Expand && step.Deferred() != deferredIn[s] {
+					t.Errorf("expand in %s: deferred=%v, want %v", s, step.Deferred(), deferredIn[s])
+				}
+			}
+		}
+	}
+	if want := len(Events) * len(States); pairs < want {
+		t.Fatalf("walked %d pairs, want at least %d", pairs, want)
+	}
+}
+
+func TestLegalMatchesNext(t *testing.T) {
+	for _, s := range States {
+		for _, e := range Events {
+			any := false
+			for _, g := range []Guard{NoGuard, LastTarget, OtherTargets} {
+				if _, err := Next(s, e, g); err == nil {
+					any = true
+				}
+			}
+			if Legal(s, e) != any {
+				t.Errorf("Legal(%s, %s)=%v but Next says %v", s, e, Legal(s, e), any)
+			}
+		}
+	}
+}
+
+func TestInverses(t *testing.T) {
+	pairs := map[Event]Event{Create: Delete, ControllerPublish: ControllerUnpublish, NodeStage: NodeUnstage, NodePublish: NodeUnpublish}
+	for f, inv := range pairs {
+		if got, ok := Inverse(f); !ok || got != inv {
+			t.Errorf("Inverse(%s) = %s, %v; want %s", f, got, ok, inv)
+		}
+		if got, ok := Forward(inv); !ok || got != f {
+			t.Errorf("Forward(%s) = %s, %v; want %s", inv, got, ok, f)
+		}
+	}
+	for _, e := range []Event{Expand, NodeExpand} {
+		if _, ok := Inverse(e); ok {
+			t.Errorf("%s must have no inverse", e)
+		}
+	}
+	// Every inverse really leads back: forward then inverse returns to the start.
+	for f, inv := range pairs {
+		for _, tr := range Transitions() {
+			if tr.Event != f || tr.From == tr.To {
+				continue
+			}
+			back := LastTarget
+			if inv != NodeUnpublish {
+				back = NoGuard
+			}
+			step, err := Next(tr.To, inv, back)
+			if err != nil || step.To != tr.From {
+				t.Errorf("%s from %s leads to %s, but %s from there gives %+v, %v", f, tr.From, tr.To, inv, step, err)
+			}
+		}
+	}
+}
+
+func TestCompileRejectsDuplicateRows(t *testing.T) {
+	rows := append([]row{}, table...)
+	rows = append(rows, row{Create, NoGuard, []State{Absent}, Created})
+	if _, _, err := compile(rows); err == nil {
+		t.Fatal("a table with a duplicate row compiled")
+	}
+}
+
+func TestValid(t *testing.T) {
+	if !Published.Valid() || State("BOGUS").Valid() {
+		t.Error("State.Valid is wrong")
+	}
+	if !NodeExpand.Valid() || Event("bogus").Valid() {
+		t.Error("Event.Valid is wrong")
+	}
+}
+
+// TestDiagramMatchesDocs fails when docs/state-machine.md no longer holds the
+// diagram the code draws. Regenerate with: go test ./internal/fsm -run Diagram -update
+func TestDiagramMatchesDocs(t *testing.T) {
+	path := filepath.Join("..", "..", "docs", "state-machine.md")
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const begin, end = "```mermaid\n", "```\n"
+	text := string(doc)
+	i := strings.Index(text, begin)
+	if i < 0 {
+		t.Fatalf("%s has no mermaid block", path)
+	}
+	j := strings.Index(text[i+len(begin):], end)
+	if j < 0 {
+		t.Fatalf("%s: unterminated mermaid block", path)
+	}
+	got := text[i+len(begin) : i+len(begin)+j]
+	want := Mermaid()
+	if got == want {
+		return
+	}
+	if *update {
+		text = text[:i+len(begin)] + want + text[i+len(begin)+j:]
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("updated %s", path)
+		return
+	}
+	t.Fatalf("%s drifted from the code; run `go test ./internal/fsm -run Diagram -update`.\nwant:\n%s\ngot:\n%s", path, want, got)
+}

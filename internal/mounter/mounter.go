@@ -1,0 +1,98 @@
+// Package mounter formats, mounts, bind-mounts, unmounts and grows the
+// filesystems of block devices on the node csid runs on, and reports their
+// usage. It is built on k8s.io/mount-utils.
+//
+// Every operation is idempotent: a second call after a crash at any point
+// converges to the same result and never repeats a destructive step. A device
+// is formatted only when a probe that succeeded says it is blank; a probe
+// that fails is an error, never "blank".
+package mounter
+
+import (
+	"context"
+	"errors"
+)
+
+// Typed errors, wrapped by implementations; decide with errors.Is.
+var (
+	// ErrInvalidPath: a path is empty, relative, or contains "..".
+	ErrInvalidPath = errors.New("invalid path")
+	// ErrProbeFailed: the device could not be read or probed, so csid
+	// does not know whether it holds data; it is not formatted.
+	ErrProbeFailed = errors.New("device probe failed")
+	// ErrFormatMismatch: the device holds a filesystem other than the one
+	// requested; it is neither reformatted nor mounted.
+	ErrFormatMismatch = errors.New("device holds another filesystem")
+	// ErrNotMounted: the path is not a mount point where one is required.
+	ErrNotMounted = errors.New("not mounted")
+	// ErrBusy: the target is mounted from another source.
+	ErrBusy = errors.New("target is mounted from another source")
+)
+
+// Stats is the usage of a mounted filesystem (or, for a block device, only
+// its size in TotalBytes).
+type Stats struct {
+	TotalBytes     int64
+	AvailableBytes int64
+	UsedBytes      int64
+	TotalInodes    int64
+	FreeInodes     int64
+	UsedInodes     int64
+	// Block is true when the path is a block device (or a file bind-mounted
+	// from one): only TotalBytes is meaningful.
+	Block bool
+}
+
+// MountPoint is one entry of the host's mount table.
+type MountPoint struct {
+	// Device is the source as the kernel reports it (e.g. /dev/loop3); for a
+	// bind mount of a directory it is the device of the filesystem.
+	Device string
+	// Path is the mount point.
+	Path string
+	// Type is the filesystem type.
+	Type string
+	// Root is the path inside the source filesystem that is mounted (a bind
+	// mount of a sub-directory shows it here).
+	Root string
+	// Options are the mount options.
+	Options []string
+}
+
+// Mounter is the host side of volume staging and publishing.
+type Mounter interface {
+	// FormatAndMount mounts device at target (a directory, created if
+	// missing) with filesystem fsType ("ext4" when empty) and options. The
+	// device is formatted first only if a successful probe finds it blank.
+	// A device already formatted with fsType is mounted as it is; with
+	// another filesystem, ErrFormatMismatch. Already mounted there: success.
+	FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error
+	// BindMount bind-mounts the directory source onto target (created if
+	// missing), read-only if readOnly. Already bind-mounted: success.
+	BindMount(ctx context.Context, source, target string, readOnly bool) error
+	// BindMountDevice bind-mounts the block device onto target, a file it
+	// creates if missing (raw block volumes). Already mounted: success.
+	BindMountDevice(ctx context.Context, device, target string, readOnly bool) error
+	// Unmount unmounts target if it is mounted and removes it (directory or
+	// file). A target that does not exist is success.
+	Unmount(ctx context.Context, target string) error
+	// IsMounted reports whether path is a mount point. A path that does not
+	// exist is not mounted (no error).
+	IsMounted(ctx context.Context, path string) (bool, error)
+	// DeviceOf returns the device mounted at path, or ErrNotMounted.
+	DeviceOf(ctx context.Context, path string) (string, error)
+	// Filesystem probes device and returns its filesystem type, "" when
+	// blank. A failing probe returns ErrProbeFailed.
+	Filesystem(ctx context.Context, device string) (string, error)
+	// DeviceSize returns the size of a block device in bytes.
+	DeviceSize(ctx context.Context, device string) (int64, error)
+	// GrowFilesystem grows the filesystem of device, mounted at path, to
+	// fill the device, when the device is larger. It reports whether it
+	// grew anything.
+	GrowFilesystem(ctx context.Context, device, path string) (bool, error)
+	// Stats reports the usage of the filesystem mounted at path, or the
+	// size of the block device at path.
+	Stats(ctx context.Context, path string) (Stats, error)
+	// List returns the host's mount table.
+	List(ctx context.Context) ([]MountPoint, error)
+}

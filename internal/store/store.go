@@ -1,0 +1,258 @@
+// Package store keeps csid's durable state in one bbolt file: volume records,
+// ops (ordered by sequence), the deferred resize queue, a bounded history per
+// volume, and the schema version. It holds no business rules: it reads and
+// writes typed records, and makes a volume change atomic with its op and its
+// history entry.
+//
+// Writers go through Update, which coalesces concurrent callers into one
+// bbolt transaction (group commit) without waiting for company: a lone
+// writer commits at once, and callers that arrive while a commit is in
+// progress share the next one.
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// SchemaVersion is the layout this build reads and writes.
+const SchemaVersion = 1
+
+// Buckets.
+var (
+	bucketMeta    = []byte("meta")
+	bucketVolumes = []byte("volumes")
+	bucketNames   = []byte("names")
+	bucketOps     = []byte("ops")
+	bucketActive  = []byte("active")
+	bucketResize  = []byte("resize")
+	bucketHistory = []byte("history")
+	allBuckets    = [][]byte{bucketMeta, bucketVolumes, bucketNames, bucketOps, bucketActive, bucketResize, bucketHistory}
+	keySchema     = []byte("schema")
+)
+
+// Errors.
+var (
+	// ErrSchema: the file was written by a csid with another layout.
+	ErrSchema = errors.New("unsupported state file schema")
+	// ErrCorrupt: the file is not a readable csid state file.
+	ErrCorrupt = errors.New("state file is not a readable csid state file")
+	// ErrLocked: another process holds the file.
+	ErrLocked = errors.New("state file is locked by another process")
+	// ErrClosed: the store has been closed.
+	ErrClosed = errors.New("store is closed")
+	// ErrNotFound: a record does not exist.
+	ErrNotFound = errors.New("record not found")
+)
+
+// Options tune a Store.
+type Options struct {
+	// LockTimeout bounds the wait for the file lock (default 1s).
+	LockTimeout time.Duration
+	// HistoryLimit is the number of history entries kept per volume
+	// (default 100).
+	HistoryLimit int
+	// OpRetention is the number of finished ops kept (default 10000); older
+	// finished ops are pruned as new ones finish.
+	OpRetention uint64
+	// MaxBatch caps the number of callers sharing one commit (default 256).
+	MaxBatch int
+	// NoSync skips fsync (tests and benchmarks of logic only; never in a
+	// driver).
+	NoSync bool
+	// Observe, if set, is called after every commit with the number of
+	// callers it served and its duration.
+	Observe func(batch int, took time.Duration)
+}
+
+func (o *Options) defaults() {
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = time.Second
+	}
+	if o.HistoryLimit <= 0 {
+		o.HistoryLimit = 100
+	}
+	if o.OpRetention == 0 {
+		o.OpRetention = 10000
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 256
+	}
+}
+
+// Store is an open state file.
+type Store struct {
+	db       *bolt.DB
+	path     string
+	opts     Options
+	readOnly bool
+
+	calls   chan *call
+	closing chan struct{}
+	// gateMu and gateClosed keep Update from sending on calls after Close.
+	gateMu     sync.RWMutex
+	gateClosed bool
+	committer  sync.WaitGroup
+	closeOnce  sync.Once
+	closeErr   error
+}
+
+// Open opens (or creates) the state file at path for reading and writing.
+// A file that is not a csid state file, or has another schema version, is an
+// error; it is never recreated. A file locked by another process is an
+// ErrLocked error naming the holder, returned within opts.LockTimeout.
+func Open(path string, opts Options) (*Store, error) {
+	opts.defaults()
+	fresh := false
+	if st, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		fresh = true
+	} else if err != nil {
+		return nil, fmt.Errorf("state file %s: %w", path, err)
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("state file %s: not a regular file: %w", path, ErrCorrupt)
+	}
+	db, err := openBolt(path, &bolt.Options{
+		Timeout:        opts.LockTimeout,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+		NoSync:         opts.NoSync,
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			empty := true
+			_ = tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil })
+			if !fresh && !empty {
+				return fmt.Errorf("state file %s has no csid metadata: %w", path, ErrCorrupt)
+			}
+			for _, b := range allBuckets {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
+			}
+			return tx.Bucket(bucketMeta).Put(keySchema, u64(SchemaVersion))
+		}
+		if err := checkSchema(path, meta); err != nil {
+			return err
+		}
+		for _, b := range allBuckets {
+			if tx.Bucket(b) == nil {
+				return fmt.Errorf("state file %s lacks bucket %q: %w", path, b, ErrCorrupt)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s := &Store{db: db, path: path, opts: opts, calls: make(chan *call, 4*opts.MaxBatch), closing: make(chan struct{})}
+	s.committer.Add(1)
+	go s.commitLoop()
+	return s, nil
+}
+
+// OpenReadOnly opens an existing state file for inspection. It never creates
+// or modifies the file. A file held by a running csid is an ErrLocked error
+// within opts.LockTimeout (default 1s).
+func OpenReadOnly(path string, opts Options) (*Store, error) {
+	opts.defaults()
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("state file %s: %w", path, err)
+	}
+	db, err := openBolt(path, &bolt.Options{ReadOnly: true, Timeout: opts.LockTimeout})
+	if err != nil {
+		return nil, err
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return fmt.Errorf("state file %s has no csid metadata: %w", path, ErrCorrupt)
+		}
+		return checkSchema(path, meta)
+	})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &Store{db: db, path: path, opts: opts, readOnly: true, closing: make(chan struct{})}, nil
+}
+
+func openBolt(path string, o *bolt.Options) (*bolt.DB, error) {
+	db, err := bolt.Open(path, 0o600, o)
+	if err == nil {
+		return db, nil
+	}
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, &LockedError{Path: path, Holder: lockHolder(path)}
+	}
+	if errors.Is(err, os.ErrPermission) || errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("state file %s: %w", path, err)
+	}
+	return nil, fmt.Errorf("state file %s: %v: %w (csid does not recreate it: move it aside to start empty, or restore a copy)", path, err, ErrCorrupt)
+}
+
+func checkSchema(path string, meta *bolt.Bucket) error {
+	v := meta.Get(keySchema)
+	if len(v) != 8 {
+		return fmt.Errorf("state file %s has no schema version: %w", path, ErrCorrupt)
+	}
+	if got := fromU64(v); got != SchemaVersion {
+		return fmt.Errorf("state file %s has schema version %d, this csid reads version %d: %w", path, got, SchemaVersion, ErrSchema)
+	}
+	return nil
+}
+
+// LockedError says who holds a state file.
+type LockedError struct {
+	Path string
+	// Holder describes the process holding the lock ("pid 42 (csid serve
+	// ...)"), or is empty when it cannot be found.
+	Holder string
+}
+
+func (e *LockedError) Error() string {
+	who := "another process"
+	if e.Holder != "" {
+		who = e.Holder
+	}
+	return fmt.Sprintf("state file %s is in use by %s", e.Path, who)
+}
+
+// Unwrap makes errors.Is(err, ErrLocked) true.
+func (e *LockedError) Unwrap() error { return ErrLocked }
+
+// Path is the file the store was opened from.
+func (s *Store) Path() string { return s.path }
+
+// View runs fn in a read-only transaction. Views run concurrently with each
+// other and with the committer.
+func (s *Store) View(fn func(tx *Tx) error) error {
+	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx, s: s}) })
+}
+
+// Size is the size of the state file in bytes.
+func (s *Store) Size() int64 {
+	var n int64
+	_ = s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
+	return n
+}
+
+// Close waits for pending commits, then closes the file. It is safe to call
+// more than once.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closing)
+		s.committer.Wait()
+		s.closeErr = s.db.Close()
+	})
+	return s.closeErr
+}

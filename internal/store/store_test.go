@@ -1,0 +1,474 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/csid-dev/csid/internal/fsm"
+	bolt "go.etcd.io/bbolt"
+)
+
+// TestMain doubles as a helper process: with CSID_STORE_HOLD=<path> it opens
+// the store, prints "held", and keeps it open until stdin closes.
+func TestMain(m *testing.M) {
+	if path := os.Getenv("CSID_STORE_HOLD"); path != "" {
+		s, err := Open(path, Options{})
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("held")
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+		s.Close()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func openTemp(t testing.TB, opts Options) (*Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "csid.db")
+	s, err := Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+func digest(t *testing.T, path string) [32]byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(raw)
+}
+
+func TestOpenCreatesThenReopens(t *testing.T) {
+	s, path := openTemp(t, Options{})
+	if err := s.Update(func(tx *Tx) error {
+		return tx.Accept(&Volume{ID: "v1", Name: "n1", State: fsm.Absent}, &Op{Event: fsm.Create})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s2, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	err = s2.View(func(tx *Tx) error {
+		v, err := tx.Volume("v1")
+		if err != nil || v == nil || v.ActiveOp == 0 {
+			return fmt.Errorf("volume after reopen: %+v, %v", v, err)
+		}
+		if tx.VolumeIDByName("n1") != "v1" {
+			return errors.New("name index lost")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRefusesUnknownSchemaWithoutTouchingIt(t *testing.T) {
+	s, path := openTemp(t, Options{})
+	s.Close()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, u64(99)) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	before := digest(t, path)
+	_, err = Open(path, Options{})
+	if !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), "schema version 99") {
+		t.Fatalf("Open of schema 99: %v", err)
+	}
+	if _, err := OpenReadOnly(path, Options{}); !errors.Is(err, ErrSchema) {
+		t.Fatalf("OpenReadOnly of schema 99: %v", err)
+	}
+	if digest(t, path) != before {
+		t.Fatal("refusing the file modified it")
+	}
+}
+
+func TestRefusesUnreadableFiles(t *testing.T) {
+	dir := t.TempDir()
+	cases := map[string][]byte{
+		"garbage":          bytes.Repeat([]byte("not a database "), 1000),
+		"truncated header": []byte{0, 1, 2},
+	}
+	for name, content := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
+			if err := os.WriteFile(path, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(path, Options{})
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "does not recreate") {
+				t.Fatalf("Open: %v", err)
+			}
+			raw, _ := os.ReadFile(path)
+			if !bytes.Equal(raw, content) {
+				t.Fatal("the file was modified")
+			}
+		})
+	}
+	t.Run("foreign bbolt file", func(t *testing.T) {
+		path := filepath.Join(dir, "foreign.db")
+		db, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("other")); return err })
+		db.Close()
+		before := digest(t, path)
+		if _, err := Open(path, Options{}); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open of a foreign bbolt file: %v", err)
+		}
+		if digest(t, path) != before {
+			t.Fatal("the foreign file was modified")
+		}
+	})
+}
+
+func TestLockedFileNamesHolderQuickly(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "csid.db")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CSID_STORE_HOLD="+path)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Wait() }()
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	if strings.TrimSpace(line) != "held" {
+		t.Fatalf("helper: %q", line)
+	}
+	for _, open := range []func(string, Options) (*Store, error){Open, OpenReadOnly} {
+		start := time.Now()
+		_, err := open(path, Options{LockTimeout: 300 * time.Millisecond})
+		took := time.Since(start)
+		var le *LockedError
+		if !errors.As(err, &le) || !errors.Is(err, ErrLocked) {
+			t.Fatalf("want LockedError, got %v", err)
+		}
+		if !strings.Contains(le.Holder, "pid "+strconv.Itoa(cmd.Process.Pid)) {
+			t.Fatalf("holder %q does not name pid %d", le.Holder, cmd.Process.Pid)
+		}
+		if took > 2*time.Second {
+			t.Fatalf("took %v to report the lock", took)
+		}
+	}
+}
+
+func TestReadOnlyNeverModifies(t *testing.T) {
+	s, path := openTemp(t, Options{})
+	_ = s.Update(func(tx *Tx) error { return tx.Accept(&Volume{ID: "v", State: fsm.Absent}, &Op{Event: fsm.Create}) })
+	s.Close()
+	before := digest(t, path)
+	ro, err := OpenReadOnly(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ro.Update(func(*Tx) error { return nil }); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("Update on read-only store: %v", err)
+	}
+	var n int
+	_ = ro.View(func(tx *Tx) error { n = tx.CountVolumes(); return nil })
+	ro.Close()
+	if n != 1 {
+		t.Fatalf("read-only view sees %d volumes", n)
+	}
+	if digest(t, path) != before {
+		t.Fatal("read-only open modified the file")
+	}
+	if _, err := OpenReadOnly(filepath.Join(t.TempDir(), "missing.db"), Options{}); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("read-only open of a missing file: %v", err)
+	}
+}
+
+func TestAcceptFinishAreAtomicWithOpAndHistory(t *testing.T) {
+	s, _ := openTemp(t, Options{})
+	v := &Volume{ID: "v1", Name: "pvc-1", State: fsm.Absent}
+	op := &Op{Event: fsm.Create, From: fsm.Absent, To: fsm.Created}
+	if err := s.Update(func(tx *Tx) error { vv, oo := *v, *op; err := tx.Accept(&vv, &oo); *v, *op = vv, oo; return err }); err != nil {
+		t.Fatal(err)
+	}
+	if op.Seq == 0 || v.ActiveOp != op.Seq {
+		t.Fatalf("accept: op %d, volume active %d", op.Seq, v.ActiveOp)
+	}
+	// Finishing with a mismatched op fails and changes nothing.
+	bad := *op
+	bad.Seq = op.Seq + 1
+	bad.Status = OpSucceeded
+	if err := s.Update(func(tx *Tx) error { vv := *v; return tx.Finish(&vv, &bad, HistoryEntry{}) }); err == nil {
+		t.Fatal("Finish accepted an op that is not the volume's active op")
+	}
+	// A fn that writes and then fails leaves nothing behind.
+	boom := errors.New("boom")
+	err := s.Update(func(tx *Tx) error {
+		vv, oo := *v, *op
+		vv.State, oo.Status = fsm.Created, OpSucceeded
+		if err := tx.Finish(&vv, &oo, HistoryEntry{Event: fsm.Create, To: fsm.Created}); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	_ = s.View(func(tx *Tx) error {
+		got, _ := tx.Volume("v1")
+		h, _ := tx.History("v1")
+		active, _ := tx.ActiveOps()
+		if got.State != fsm.Absent || len(h) != 0 || len(active) != 1 {
+			t.Errorf("rolled-back finish leaked: state %s, history %d, active %d", got.State, len(h), len(active))
+		}
+		return nil
+	})
+	if err := s.Update(func(tx *Tx) error {
+		vv, oo := *v, *op
+		vv.State, oo.Status = fsm.Created, OpSucceeded
+		return tx.Finish(&vv, &oo, HistoryEntry{Event: fsm.Create, From: fsm.Absent, To: fsm.Created, OpSeq: oo.Seq, Outcome: "ok"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.View(func(tx *Tx) error {
+		got, _ := tx.Volume("v1")
+		h, _ := tx.History("v1")
+		gotOp, _ := tx.Op(op.Seq)
+		active, _ := tx.ActiveOps()
+		if got.State != fsm.Created || got.ActiveOp != 0 || len(h) != 1 || h[0].OpSeq != op.Seq || gotOp.Status != OpSucceeded || len(active) != 0 {
+			t.Errorf("after finish: %+v history %+v op %+v active %d", got, h, gotOp, len(active))
+		}
+		return nil
+	})
+}
+
+func TestFinishToAbsentRemovesEverything(t *testing.T) {
+	s, _ := openTemp(t, Options{})
+	var seq uint64
+	_ = s.Update(func(tx *Tx) error {
+		v := &Volume{ID: "v1", Name: "n", State: fsm.Created}
+		if err := tx.Adopt(v, HistoryEntry{Outcome: "adopted"}); err != nil {
+			return err
+		}
+		if err := tx.PutResize(&Resize{VolumeID: "v1", TargetBytes: 1}); err != nil {
+			return err
+		}
+		op := &Op{Event: fsm.Delete}
+		err := tx.Accept(v, op)
+		seq = op.Seq
+		return err
+	})
+	err := s.Update(func(tx *Tx) error {
+		v, _ := tx.Volume("v1")
+		op, _ := tx.Op(seq)
+		v.State, op.Status = fsm.Absent, OpSucceeded
+		return tx.Finish(v, op, HistoryEntry{})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.View(func(tx *Tx) error {
+		v, _ := tx.Volume("v1")
+		h, _ := tx.History("v1")
+		r, _ := tx.Resize("v1")
+		op, _ := tx.Op(seq)
+		if v != nil || tx.VolumeIDByName("n") != "" || len(h) != 0 || r != nil {
+			t.Errorf("deleted volume left: %+v name=%q history=%d resize=%+v", v, tx.VolumeIDByName("n"), len(h), r)
+		}
+		if op == nil || op.Status != OpSucceeded {
+			t.Errorf("the delete op itself must remain for inspection: %+v", op)
+		}
+		return nil
+	})
+}
+
+func TestHistoryIsBounded(t *testing.T) {
+	s, _ := openTemp(t, Options{HistoryLimit: 5})
+	for i := 0; i < 12; i++ {
+		i := i
+		if err := s.Update(func(tx *Tx) error {
+			if err := tx.AppendHistory("a", HistoryEntry{Generation: uint64(i)}); err != nil {
+				return err
+			}
+			return tx.AppendHistory("b", HistoryEntry{Generation: uint64(100 + i)})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = s.View(func(tx *Tx) error {
+		for id, first := range map[string]uint64{"a": 7, "b": 107} {
+			h, _ := tx.History(id)
+			if len(h) != 5 || h[0].Generation != first || h[4].Generation != first+4 {
+				t.Errorf("history of %s: %+v", id, h)
+			}
+		}
+		return nil
+	})
+}
+
+func TestOpsArePrunedBeyondRetention(t *testing.T) {
+	s, _ := openTemp(t, Options{OpRetention: 3, NoSync: true})
+	var longRunning uint64
+	for i := 0; i < 10; i++ {
+		id := fmt.Sprintf("v%d", i)
+		var seq uint64
+		_ = s.Update(func(tx *Tx) error {
+			op := &Op{Event: fsm.Create}
+			err := tx.Accept(&Volume{ID: id, State: fsm.Absent}, op)
+			seq = op.Seq
+			return err
+		})
+		if i == 1 {
+			longRunning = seq // stays active: must never be pruned
+			continue
+		}
+		_ = s.Update(func(tx *Tx) error {
+			v, _ := tx.Volume(id)
+			op, _ := tx.Op(seq)
+			v.State, op.Status = fsm.Created, OpSucceeded
+			return tx.Finish(v, op, HistoryEntry{})
+		})
+	}
+	_ = s.View(func(tx *Tx) error {
+		var seqs []uint64
+		_ = tx.ForEachOp(func(op *Op) bool { seqs = append(seqs, op.Seq); return true })
+		if fmt.Sprint(seqs) != fmt.Sprint([]uint64{10, 9, 8, longRunning}) {
+			t.Errorf("ops kept: %v", seqs)
+		}
+		return nil
+	})
+}
+
+func TestGroupCommitSharesTransactionsAndIsolatesFailures(t *testing.T) {
+	var batches, calls atomic.Int64
+	var maxBatch atomic.Int64
+	s, _ := openTemp(t, Options{Observe: func(n int, _ time.Duration) {
+		batches.Add(1)
+		calls.Add(int64(n))
+		for {
+			m := maxBatch.Load()
+			if int64(n) <= m || maxBatch.CompareAndSwap(m, int64(n)) {
+				break
+			}
+		}
+	}})
+	const writers, each = 32, 20
+	boom := errors.New("boom")
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				fail := i%7 == 3
+				err := s.Update(func(tx *Tx) error {
+					if err := tx.AppendHistory(fmt.Sprintf("w%d", w), HistoryEntry{Generation: uint64(i)}); err != nil {
+						return err
+					}
+					if fail {
+						return boom
+					}
+					return nil
+				})
+				if fail != errors.Is(err, boom) || (!fail && err != nil) {
+					t.Errorf("writer %d call %d: fail=%v err=%v", w, i, fail, err)
+				}
+				if fail {
+					failures.Add(1)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	okCalls := int64(writers*each) - failures.Load()
+	if calls.Load() != okCalls {
+		t.Fatalf("committed %d calls, want %d", calls.Load(), okCalls)
+	}
+	if maxBatch.Load() < 2 {
+		t.Fatalf("32 concurrent writers never shared a commit (max batch %d)", maxBatch.Load())
+	}
+	_ = s.View(func(tx *Tx) error {
+		for w := 0; w < writers; w++ {
+			h, _ := tx.History(fmt.Sprintf("w%d", w))
+			want := each - (each+3)/7 // calls with i%7==3 rolled back
+			if len(h) != want {
+				t.Errorf("writer %d: %d entries, want %d (a failed call's writes leaked or an ok one was lost)", w, len(h), want)
+			}
+		}
+		return nil
+	})
+	t.Logf("%d calls in %d commits, largest batch %d", calls.Load(), batches.Load(), maxBatch.Load())
+}
+
+func TestOnCommitHooksRunInCommitOrderBeforeUpdateReturns(t *testing.T) {
+	s, _ := openTemp(t, Options{})
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			ran := false
+			err := s.Update(func(tx *Tx) error {
+				if err := tx.AppendHistory("x", HistoryEntry{Generation: uint64(i)}); err != nil {
+					return err
+				}
+				tx.OnCommit(func() { mu.Lock(); order = append(order, i); ran = true; mu.Unlock() })
+				return nil
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil || !ran {
+				t.Errorf("call %d: err %v, hook ran %v", i, err, ran)
+			}
+		}(i)
+	}
+	wg.Wait()
+	var hist []HistoryEntry
+	_ = s.View(func(tx *Tx) error { hist, _ = tx.History("x"); return nil })
+	if len(hist) != 50 || len(order) != 50 {
+		t.Fatalf("%d entries, %d hooks", len(hist), len(order))
+	}
+	for i := range hist {
+		if int(hist[i].Generation) != order[i] {
+			t.Fatalf("hook order %v differs from commit order at %d", order, i)
+		}
+	}
+}
+
+func TestUpdateAfterCloseFails(t *testing.T) {
+	s, _ := openTemp(t, Options{})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(func(*Tx) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Update after Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
