@@ -1,0 +1,461 @@
+// Package ops is csid's operation engine. CSI handlers submit transitions
+// (a volume, an event, its arguments); the engine decides in one bbolt
+// transaction whether the request is already satisfied, joins an identical
+// op in flight, is refused, or becomes a new durable op, and then waits for
+// the outcome. Workers perform the ops' effects through pluggable,
+// idempotent executors, retry transient failures with backoff, compensate
+// failed forward ops, and commit each outcome atomically with the volume
+// record and its history. After a crash, Start resumes every op that was
+// accepted before answering as ready.
+//
+// Rules of the engine (design.md, "The operation pipeline"):
+//   - at most one op is active per volume; ops of different volumes run in
+//     parallel, bounded by Config.Workers;
+//   - an identical request joins the op in flight; a different one gets
+//     codes.Aborted, except that an inverse request (unpublish, unstage)
+//     cancels its forward op, and a publish waits for a resize;
+//   - an expand of an attached volume waits in the durable resize queue,
+//     and the commit of its controller_unpublish starts it.
+package ops
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/csid-dev/csid/internal/crash"
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/store"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc/codes"
+)
+
+// Executor performs the effects of one event.
+type Executor interface {
+	// Execute performs the op's effect and reports its result. It must be
+	// idempotent: after a crash at any point it is called again with the
+	// same op (and the checkpoints it recorded), and must converge to the
+	// same result without repeating a destructive step. Return an error
+	// wrapped with Retryable (or a cloud.ErrTransient) for failures worth
+	// retrying; any other error fails the op.
+	Execute(ctx context.Context, x *Exec) (Result, error)
+	// Compensate undoes whatever a failed or cancelled Execute of a forward
+	// op (create, controller_publish, node_stage, node_publish) may have
+	// done, so that a failed op leaves nothing behind. It must be
+	// idempotent. It is never called for other events.
+	Compensate(ctx context.Context, x *Exec) error
+}
+
+// Adopter resolves, on a node, a volume the node's store has not seen: it
+// returns a record in NODE_READY for a volume attached to this node, or an
+// error (an *Error with codes.NotFound for an unknown volume).
+type Adopter func(ctx context.Context, volumeID string, args *NodeStageArgs) (*store.Volume, error)
+
+// Observer receives the engine's events (metrics). Methods must be quick.
+type Observer interface {
+	OpFinished(e fsm.Event, outcome string, took time.Duration)
+	OpRetried(e fsm.Event)
+}
+
+// Config configures an Engine.
+type Config struct {
+	Store     *store.Store
+	Executors map[fsm.Event]Executor
+	// NodeID is the node this process serves ("" for a controller).
+	NodeID string
+	// Adopt, if set, lets node_stage adopt volumes unknown to the store.
+	Adopt Adopter
+	Clock Clock
+	Retry *Backoff
+	// Workers bounds the ops executing at once (default 64).
+	Workers int
+	// SweepInterval is the period of the resize queue's safety net
+	// (default 30s); the queue is otherwise event-driven.
+	SweepInterval time.Duration
+	// DrainTimeout bounds how long Close lets running effects finish
+	// before cancelling them (default 10s).
+	DrainTimeout time.Duration
+	Log          zerolog.Logger
+	Observer     Observer
+	// NewID draws volume ids (default "vol-" and 20 random hex digits).
+	NewID func() string
+}
+
+// Engine runs ops. Create it with New, then Start it.
+type Engine struct {
+	cfg Config
+	st  *store.Store
+	log zerolog.Logger
+
+	mu      sync.Mutex
+	flights map[uint64]*flight
+	closed  bool
+
+	ready    atomic.Bool
+	draining chan struct{} // closed by Close: no new attempts
+	base     context.Context
+	stop     context.CancelCauseFunc
+	workers  sync.WaitGroup
+	sem      chan struct{}
+	kick     chan struct{} // wakes the resize sweeper
+	sweeper  sync.WaitGroup
+
+	// awaiting, if set (tests only), receives the op a caller starts
+	// waiting on, so a test can prove callers are waiting concurrently.
+	awaiting chan uint64
+}
+
+// errShutdown is the cause of worker contexts cancelled by Close.
+var errShutdown = errors.New("csid is shutting down")
+
+// flight is an active op in memory: its worker, and everyone waiting on it.
+// seq, event and volumeID never change; op belongs to the worker alone.
+type flight struct {
+	seq      uint64
+	event    fsm.Event
+	volumeID string
+	op       *store.Op // the worker's copy
+	vol    store.Volume
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+	// out and err are the outcome, set before done is closed.
+	out store.Volume
+	err *Error
+	// attempts and lastErr describe progress, for callers whose deadline
+	// comes first.
+	progress atomic.Pointer[string]
+}
+
+// New builds an engine. It does nothing until Start.
+func New(cfg Config) *Engine {
+	if cfg.Clock == nil {
+		cfg.Clock = RealClock{}
+	}
+	if cfg.Retry == nil {
+		cfg.Retry = &Backoff{}
+	}
+	cfg.Retry.defaults()
+	if cfg.Workers <= 0 {
+		cfg.Workers = 64
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = 30 * time.Second
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.NewID == nil {
+		cfg.NewID = newVolumeID
+	}
+	base, stop := context.WithCancelCause(context.Background())
+	return &Engine{cfg: cfg, st: cfg.Store, log: cfg.Log, flights: map[uint64]*flight{},
+		draining: make(chan struct{}), base: base, stop: stop,
+		sem: make(chan struct{}, cfg.Workers), kick: make(chan struct{}, 1)}
+}
+
+func newVolumeID() string {
+	var b [10]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return "vol-" + hex.EncodeToString(b[:])
+}
+
+// Start resumes every op left queued or compensating by an earlier run, and
+// starts the resize queue's safety net. The engine answers Ready once the
+// resumed ops are running again (not necessarily finished: a resumed op is
+// joined by the CO's retry).
+func (e *Engine) Start(ctx context.Context) error {
+	var active []*store.Op
+	vols := map[string]*store.Volume{}
+	err := e.st.View(func(tx *store.Tx) error {
+		var err error
+		if active, err = tx.ActiveOps(); err != nil {
+			return err
+		}
+		for _, op := range active {
+			v, err := tx.Volume(op.VolumeID)
+			if err != nil {
+				return err
+			}
+			if v == nil || v.ActiveOp != op.Seq {
+				return fmt.Errorf("op %d is active but volume %s does not name it: %w", op.Seq, op.VolumeID, store.ErrCorrupt)
+			}
+			vols[op.VolumeID] = v
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("recover ops: %w", err)
+	}
+	for _, op := range active {
+		e.log.Info().Uint64("op", op.Seq).Str("volume", op.VolumeID).Str("event", string(op.Event)).
+			Str("status", string(op.Status)).Int("attempts", op.Attempts).Msg("resuming op")
+		e.mu.Lock()
+		e.launchLocked(op, vols[op.VolumeID])
+		e.mu.Unlock()
+	}
+	e.sweeper.Add(1)
+	go e.sweep()
+	e.ready.Store(true)
+	e.log.Info().Int("resumed", len(active)).Msg("operation engine ready")
+	return nil
+}
+
+// Ready reports whether Start has finished and Close has not begun.
+func (e *Engine) Ready() bool { return e.ready.Load() }
+
+// Submit runs one request to its outcome, or until ctx ends. See the package
+// comment for the rules. Errors are *Error values carrying a gRPC code.
+func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
+	if err := argsType(req.Event, req.Args); err != nil {
+		return Outcome{}, Errorf(codes.Internal, "%v", err)
+	}
+	if !e.ready.Load() {
+		if e.isClosed() {
+			return Outcome{}, ErrClosed
+		}
+		return Outcome{}, ErrNotReady
+	}
+	if e.cfg.Executors[req.Event] == nil {
+		return Outcome{}, Errorf(codes.Unimplemented, "this csid does not serve %s (check --mode)", req.Event)
+	}
+	var adopted *store.Volume
+	for {
+		d, f, err := e.decide(req, adopted)
+		if errors.Is(err, errAdopt) {
+			if adopted, err = e.adopt(ctx, req); err != nil {
+				return Outcome{}, err
+			}
+			continue
+		}
+		if err != nil {
+			if e.isClosed() {
+				return Outcome{}, ErrClosed
+			}
+			return Outcome{}, Errorf(codes.Internal, "volume %s: %s: %v", req.VolumeID, req.Event, err)
+		}
+		switch d.kind {
+		case done:
+			return Outcome{Volume: *d.vol}, nil
+		case reject:
+			return Outcome{}, d.err
+		case accept, join:
+			out, err := e.await(ctx, f, d.why)
+			if err != nil {
+				return Outcome{}, blockedBy(req, f, err)
+			}
+			if f.event != req.Event || req.Event == fsm.Expand {
+				// We ran a resize on the way (a publish), or the resize may
+				// need another round (a raised target): look again.
+				continue
+			}
+			return out, nil
+		case waitThenReplan:
+			if _, err := e.await(ctx, f, d.why); err != nil {
+				return Outcome{}, blockedBy(req, f, err)
+			}
+		case cancelThenReplan:
+			f.cancel(fmt.Errorf("cancelled by %s", req.Event))
+			if _, err := e.await(ctx, f, d.why); err != nil && ctx.Err() != nil {
+				return Outcome{}, err
+			}
+		}
+	}
+}
+
+// blockedBy is the answer of a request that waited for an op of another
+// kind (a publish waiting for a resize) that did not succeed. An expand that
+// waited for a resize shares its failure.
+func blockedBy(req Request, f *flight, err error) error {
+	var oe *Error
+	if errors.As(err, &oe) && oe.Code == codes.Aborted || f.event == req.Event {
+		return err
+	}
+	return Errorf(codes.Aborted, "volume %s: %s waited for %s (operation %d), which failed: %v; retry",
+		f.volumeID, req.Event, f.event, f.seq, err)
+}
+
+var errAdopt = errors.New("adopt first")
+
+// decide plans the request. It tries a read-only transaction first, and
+// takes the group-committed write path only when the decision writes, or
+// needs a flight it could not find.
+func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, error) {
+	now := e.cfg.Clock.Now()
+	var d decision
+	var f *flight
+	err := e.st.View(func(tx *store.Tx) error {
+		if adopted == nil && e.cfg.Adopt != nil && req.Event == fsm.NodeStage {
+			if v, err := tx.Volume(req.VolumeID); err != nil {
+				return err
+			} else if v == nil {
+				return errAdopt // a node meets this volume for the first time
+			}
+		}
+		var err error
+		p := planner{tx: tx, nodeID: e.cfg.NodeID, now: now, newID: e.cfg.NewID, adopted: adopted}
+		d, err = p.plan(req)
+		return err
+	})
+	if err != nil {
+		return d, nil, err
+	}
+	switch {
+	case d.writes():
+	case d.kind == done || d.kind == reject:
+		return d, nil, nil
+	default:
+		if f = e.flight(d.seq); f != nil {
+			return d, f, nil
+		}
+	}
+	err = e.st.Update(func(tx *store.Tx) error {
+		d, f = decision{}, nil
+		var err error
+		p := planner{tx: tx, nodeID: e.cfg.NodeID, now: now, newID: e.cfg.NewID, adopted: adopted}
+		if d, err = p.plan(req); err != nil {
+			return err
+		}
+		if d.resize != nil {
+			if err := tx.PutResize(d.resize); err != nil {
+				return err
+			}
+		}
+		if d.note != nil {
+			if err := tx.AppendHistory(req.VolumeID, *d.note); err != nil {
+				return err
+			}
+		}
+		switch d.kind {
+		case accept:
+			if adopted != nil && d.vol.ID == adopted.ID {
+				if cur, err := tx.Volume(adopted.ID); err != nil {
+					return err
+				} else if cur == nil {
+					a := *adopted
+					if err := tx.Adopt(&a, store.HistoryEntry{Time: now, Event: fsm.NodeStage, From: fsm.Absent,
+						To: a.State, Generation: a.Generation, Outcome: "adopted: attached to this node"}); err != nil {
+						return err
+					}
+				}
+			}
+			op, vol := d.op, d.vol
+			if err := tx.Accept(vol, op); err != nil {
+				return err
+			}
+			opCopy, volCopy := *op, *vol
+			tx.OnCommit(func() {
+				crash.Point(crash.OpsQueued)
+				e.mu.Lock()
+				f = e.launchLocked(&opCopy, &volCopy)
+				e.mu.Unlock()
+			})
+		case join, waitThenReplan, cancelThenReplan:
+			seq := d.seq
+			tx.OnCommit(func() { f = e.flight(seq) })
+		}
+		return nil
+	})
+	if err != nil {
+		return d, nil, err
+	}
+	if f == nil && d.kind != done && d.kind != reject {
+		return d, nil, fmt.Errorf("op %d is active in the store but has no worker", d.seq)
+	}
+	return d, f, nil
+}
+
+func (e *Engine) adopt(ctx context.Context, req Request) (*store.Volume, error) {
+	v, err := e.cfg.Adopt(ctx, req.VolumeID, req.Args.(*NodeStageArgs))
+	if err != nil {
+		return nil, asError(err)
+	}
+	v.ID, v.State, v.ActiveOp = req.VolumeID, fsm.NodeReady, 0
+	return v, nil
+}
+
+func (e *Engine) flight(seq uint64) *flight {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.flights[seq]
+}
+
+func (e *Engine) isClosed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed
+}
+
+// launchLocked registers a flight for op and starts its worker. e.mu held.
+func (e *Engine) launchLocked(op *store.Op, v *store.Volume) *flight {
+	ctx, cancel := context.WithCancelCause(e.base)
+	f := &flight{seq: op.Seq, event: op.Event, volumeID: op.VolumeID, op: op, vol: *v,
+		ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	e.flights[op.Seq] = f
+	e.workers.Add(1)
+	go e.run(f)
+	return f
+}
+
+// await waits for a flight's outcome, or for ctx.
+func (e *Engine) await(ctx context.Context, f *flight, why string) (Outcome, error) {
+	if e.awaiting != nil {
+		e.awaiting <- f.seq
+	}
+	select {
+	case <-f.done:
+		if f.err != nil {
+			return Outcome{}, f.err
+		}
+		return Outcome{Volume: f.out, OpSeq: f.seq}, nil
+	case <-ctx.Done():
+		msg := why
+		if msg == "" {
+			msg = fmt.Sprintf("operation %d (%s of volume %s) is still running", f.seq, f.event, f.volumeID)
+		}
+		if p := f.progress.Load(); p != nil {
+			msg += " (" + *p + ")"
+		}
+		return Outcome{}, Errorf(codes.Aborted, "%s; retry with the same arguments to wait for it", msg)
+	}
+}
+
+// Close shuts the engine down in order: refuse new requests, let running
+// effects finish within DrainTimeout (no new attempts start), then cancel
+// the rest. Ops cut short stay queued in the store and resume at the next
+// Start. Close does not close the store.
+func (e *Engine) Close(ctx context.Context) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	e.ready.Store(false)
+	close(e.draining)
+
+	idle := make(chan struct{})
+	go func() { e.workers.Wait(); e.sweeper.Wait(); close(idle) }()
+	drain := time.NewTimer(e.cfg.DrainTimeout)
+	defer drain.Stop()
+	select {
+	case <-idle:
+	case <-drain.C:
+	case <-ctx.Done():
+	}
+	e.stop(errShutdown)
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("ops: workers still running at shutdown deadline: %w", ctx.Err())
+	}
+}

@@ -1,0 +1,363 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/store"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// fakeExec is a behavioural executor: it performs no I/O, reports
+// deterministic results, counts executions and compensations, can be gated
+// (block until released) or made to fail, and asserts by itself that no two
+// executions of one volume ever overlap.
+type fakeExec struct {
+	mu      sync.Mutex
+	calls   map[fsm.Event]int
+	comps   map[fsm.Event]int
+	order   []string // "event volume" in execution order
+	running map[string]int
+	gates   map[fsm.Event]chan struct{}
+	entered chan string // receives "event volume" when a gated Execute starts
+	// fail, if set, may return an error for an execution.
+	fail func(x *Exec) error
+
+	overlaps atomic.Int64
+}
+
+func newFakeExec() *fakeExec {
+	return &fakeExec{calls: map[fsm.Event]int{}, comps: map[fsm.Event]int{}, running: map[string]int{},
+		gates: map[fsm.Event]chan struct{}{}, entered: make(chan string, 1024)}
+}
+
+// gate makes Execute of e block until the returned func is called.
+func (x *fakeExec) gate(e fsm.Event) (release func()) {
+	ch := make(chan struct{})
+	x.mu.Lock()
+	x.gates[e] = ch
+	x.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			x.mu.Lock()
+			delete(x.gates, e)
+			x.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+func (x *fakeExec) count(e fsm.Event) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.calls[e]
+}
+
+func (x *fakeExec) compensations(e fsm.Event) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.comps[e]
+}
+
+func (x *fakeExec) Execute(ctx context.Context, ex *Exec) (Result, error) {
+	id, ev := ex.Op.VolumeID, ex.Op.Event
+	x.mu.Lock()
+	x.calls[ev]++
+	x.order = append(x.order, string(ev)+" "+id)
+	x.running[id]++
+	if x.running[id] > 1 {
+		x.overlaps.Add(1)
+	}
+	gate := x.gates[ev]
+	x.mu.Unlock()
+	defer func() {
+		x.mu.Lock()
+		x.running[id]--
+		x.mu.Unlock()
+	}()
+	if gate != nil {
+		x.entered <- string(ev) + " " + id
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		}
+	}
+	if x.fail != nil {
+		if err := x.fail(ex); err != nil {
+			return Result{}, err
+		}
+	}
+	return fakeResult(ex)
+}
+
+func fakeResult(ex *Exec) (Result, error) {
+	switch ex.Op.Event {
+	case fsm.Create:
+		a, err := DecodeArgs[CreateArgs](ex.Op)
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{DiskID: "disk-" + ex.Op.VolumeID, CapacityBytes: a.SizeBytes, Zone: "z1"}, nil
+	case fsm.ControllerPublish:
+		a, err := DecodeArgs[ControllerPublishArgs](ex.Op)
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{PublishContext: map[string]string{"node": a.Node, "op": strconv.FormatUint(ex.Op.Seq, 10)}}, nil
+	case fsm.NodeStage:
+		return Result{Device: "/dev/fake/" + ex.Op.VolumeID}, nil
+	case fsm.Expand:
+		a, err := DecodeArgs[ExpandArgs](ex.Op)
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{CapacityBytes: a.RequiredBytes}, nil
+	}
+	return Result{}, nil
+}
+
+func (x *fakeExec) Compensate(ctx context.Context, ex *Exec) error {
+	x.mu.Lock()
+	x.comps[ex.Op.Event]++
+	x.mu.Unlock()
+	return nil
+}
+
+func allEvents(ex Executor) map[fsm.Event]Executor {
+	m := map[fsm.Event]Executor{}
+	for _, e := range fsm.Events {
+		m[e] = ex
+	}
+	return m
+}
+
+// harness is an engine on a real bbolt file, restartable.
+type harness struct {
+	t     testing.TB
+	path  string
+	st    *store.Store
+	eng   *Engine
+	ex    *fakeExec
+	clock Clock
+	cfg   func(*Config)
+}
+
+func newHarness(t testing.TB, tweak ...func(*Config)) *harness {
+	h := &harness{t: t, path: filepath.Join(t.TempDir(), "csid.db"), ex: newFakeExec(), clock: RealClock{}}
+	h.cfg = func(c *Config) {
+		for _, f := range tweak {
+			f(c)
+		}
+	}
+	h.start()
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) start() {
+	st, err := store.Open(h.path, store.Options{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	cfg := Config{Store: st, Executors: allEvents(h.ex), NodeID: "node-1", Clock: h.clock,
+		Retry: &Backoff{Base: time.Millisecond, Cap: 4 * time.Millisecond, MaxAttempts: 4}, Log: zerolog.Nop()}
+	h.cfg(&cfg)
+	h.clock = cfg.Clock
+	h.st, h.eng = st, New(cfg)
+	if err := h.eng.Start(context.Background()); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) stop() {
+	if h.eng == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.eng.Close(ctx); err != nil {
+		h.t.Error(err)
+	}
+	h.st.Close()
+	h.eng = nil
+}
+
+// restart simulates a process restart: a new engine on the same file.
+func (h *harness) restart() {
+	h.stop()
+	h.start()
+}
+
+func (h *harness) submit(req Request) (Outcome, error) {
+	return h.eng.Submit(context.Background(), req)
+}
+
+func (h *harness) must(req Request) Outcome {
+	h.t.Helper()
+	out, err := h.submit(req)
+	if err != nil {
+		h.t.Fatalf("%s %s: %v", req.Event, req.VolumeID, err)
+	}
+	return out
+}
+
+func (h *harness) volume(id string) *store.Volume {
+	h.t.Helper()
+	var v *store.Volume
+	if err := h.st.View(func(tx *store.Tx) error { var err error; v, err = tx.Volume(id); return err }); err != nil {
+		h.t.Fatal(err)
+	}
+	return v
+}
+
+func (h *harness) resize(id string) *store.Resize {
+	h.t.Helper()
+	var r *store.Resize
+	if err := h.st.View(func(tx *store.Tx) error { var err error; r, err = tx.Resize(id); return err }); err != nil {
+		h.t.Fatal(err)
+	}
+	return r
+}
+
+func (h *harness) history(id string) []store.HistoryEntry {
+	h.t.Helper()
+	var hist []store.HistoryEntry
+	_ = h.st.View(func(tx *store.Tx) error { var err error; hist, err = tx.History(id); return err })
+	return hist
+}
+
+const gib = int64(1) << 30
+
+var mountCap = store.Capability{AccessType: "mount", FsType: "ext4", AccessMode: "SINGLE_NODE_WRITER"}
+
+func createReq(name string, size int64) Request {
+	return Request{Event: fsm.Create, Args: &CreateArgs{Name: name, SizeBytes: size, RequiredBytes: size, Capability: mountCap}}
+}
+
+func publishReq(id, node string) Request {
+	return Request{VolumeID: id, Event: fsm.ControllerPublish, Args: &ControllerPublishArgs{Node: node, Capability: mountCap}}
+}
+
+func unpublishReq(id string) Request {
+	return Request{VolumeID: id, Event: fsm.ControllerUnpublish, Args: &ControllerUnpublishArgs{Node: "node-1"}}
+}
+
+func stageReq(id, path string) Request {
+	return Request{VolumeID: id, Event: fsm.NodeStage, Args: &NodeStageArgs{StagingPath: path, Capability: mountCap}}
+}
+
+func unstageReq(id, path string) Request {
+	return Request{VolumeID: id, Event: fsm.NodeUnstage, Args: &NodeUnstageArgs{StagingPath: path}}
+}
+
+func nodePublishReq(id, target string) Request {
+	return Request{VolumeID: id, Event: fsm.NodePublish, Args: &NodePublishArgs{TargetPath: target, StagingPath: "/stage/" + id, Capability: mountCap}}
+}
+
+func nodeUnpublishReq(id, target string) Request {
+	return Request{VolumeID: id, Event: fsm.NodeUnpublish, Args: &NodeUnpublishArgs{TargetPath: target}}
+}
+
+func expandReq(id string, size int64) Request {
+	return Request{VolumeID: id, Event: fsm.Expand, Args: &ExpandArgs{RequiredBytes: size}}
+}
+
+func deleteReq(id string) Request { return Request{VolumeID: id, Event: fsm.Delete} }
+
+func wantCode(t testing.TB, err error, code codes.Code) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("want %s, got %v", code, err)
+	}
+}
+
+// checkInvariants asserts design.md's invariants on the store: every volume
+// in a lifecycle state with a history whose last entry explains it and whose
+// transitions chain; no op left active; no resize entry on a detached idle
+// volume; the executor never ran two ops of one volume at once.
+func checkInvariants(t testing.TB, h *harness) {
+	t.Helper()
+	if n := h.ex.overlaps.Load(); n != 0 {
+		t.Errorf("two executions of one volume overlapped %d times", n)
+	}
+	err := h.st.View(func(tx *store.Tx) error {
+		active, err := tx.ActiveOps()
+		if err != nil {
+			return err
+		}
+		if len(active) != 0 {
+			t.Errorf("%d ops left active, first: %+v", len(active), active[0])
+		}
+		return tx.ForEachVolume("", func(v *store.Volume) bool {
+			if !v.State.Valid() || v.State == fsm.Absent {
+				t.Errorf("volume %s in state %q", v.ID, v.State)
+			}
+			hist, err := tx.History(v.ID)
+			if err != nil || len(hist) == 0 {
+				t.Errorf("volume %s has no history (%v)", v.ID, err)
+				return true
+			}
+			for i, e := range hist {
+				if e.Outcome != "ok" {
+					continue
+				}
+				step, err := fsm.Next(e.From, e.Event, e.Guard)
+				if err != nil || step.To != e.To {
+					t.Errorf("volume %s history entry %d is not a legal transition: %+v", v.ID, i, e)
+				}
+			}
+			var last *store.HistoryEntry
+			for i := len(hist) - 1; i >= 0; i-- {
+				if hist[i].Outcome == "ok" || hist[i].Outcome == "adopted" || hist[i].OpSeq != 0 {
+					last = &hist[i]
+					break
+				}
+			}
+			if last == nil || last.To != v.State {
+				t.Errorf("volume %s is %s but its history ends with %+v", v.ID, v.State, last)
+			}
+			if len(v.Targets) > 0 != (v.State == fsm.Published) {
+				t.Errorf("volume %s is %s with %d targets", v.ID, v.State, len(v.Targets))
+			}
+			return true
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitEntered(t testing.TB, x *fakeExec, want string) {
+	t.Helper()
+	select {
+	case got := <-x.entered:
+		if !strings.HasPrefix(got, want) {
+			t.Fatalf("executor entered %q, want %q", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("executor never entered %q", want)
+	}
+}
+
+func errorsAs[T error](err error) (T, bool) {
+	var target T
+	ok := errors.As(err, &target)
+	return target, ok
+}
+
+var _ = slices.Contains[[]string]
+var _ = fmt.Sprint

@@ -1,0 +1,517 @@
+package ops
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/store"
+	"google.golang.org/grpc/codes"
+)
+
+// decisionKind is what Submit does with a request.
+type decisionKind int
+
+const (
+	// done: the request is already satisfied; answer with the volume.
+	done decisionKind = iota
+	// reject: answer with an error (after writing resize/note, if any).
+	reject
+	// accept: write the new op and run it; its outcome is the answer.
+	accept
+	// join: an identical op is in flight; its outcome is the answer.
+	join
+	// waitThenReplan: another op must finish first (a resize before a
+	// publish); wait for it, then plan again.
+	waitThenReplan
+	// cancelThenReplan: the request negates the op in flight; cancel it,
+	// wait for it, then plan again.
+	cancelThenReplan
+)
+
+// decision is the planner's answer. The planner only reads; Submit carries
+// the decision out (in the same transaction when it writes).
+type decision struct {
+	kind decisionKind
+	vol  *store.Volume // done: the answer; accept: the volume to write
+	op   *store.Op     // accept: the op to write
+	seq  uint64        // join, wait, cancel: the op in flight
+	err  *Error        // reject: the answer
+	// resize and note are written with the decision: a deferred expand,
+	// a raised resize target.
+	resize *store.Resize
+	note   *store.HistoryEntry
+	// why explains a wait or cancel, for the caller's message if its
+	// deadline comes first.
+	why string
+}
+
+func (d decision) writes() bool { return d.kind == accept || d.resize != nil || d.note != nil }
+
+// planner applies the lifecycle rules to one request against the stored
+// records. It is pure: it reads through tx and never writes.
+type planner struct {
+	tx     *store.Tx
+	nodeID string
+	now    time.Time
+	newID  func() string
+	// adopted is the record a node adopts for a volume it has not seen
+	// (node mode), resolved before the transaction; nil otherwise.
+	adopted *store.Volume
+}
+
+func (p *planner) plan(req Request) (decision, error) {
+	raw, fp := encodeArgs(req.Args)
+	if req.Event == fsm.Create {
+		return p.planCreate(req.Args.(*CreateArgs), raw, fp)
+	}
+	v, err := p.tx.Volume(req.VolumeID)
+	if err != nil {
+		return decision{}, err
+	}
+	if v == nil && p.adopted != nil && p.adopted.ID == req.VolumeID {
+		v = p.adopted
+	}
+	if v != nil && v.State == fsm.Absent && v.ActiveOp != 0 {
+		// Still being created: it does not exist yet for anyone but the
+		// create request itself.
+		v = nil
+	}
+	var active *store.Op
+	if v != nil && v.ActiveOp != 0 {
+		if active, err = p.tx.Op(v.ActiveOp); err != nil {
+			return decision{}, err
+		}
+		if active == nil {
+			return decision{}, fmt.Errorf("volume %s names active op %d, which does not exist", v.ID, v.ActiveOp)
+		}
+	}
+	switch req.Event {
+	case fsm.Delete:
+		return p.planDelete(req, v, active, raw, fp)
+	case fsm.ControllerPublish:
+		return p.planControllerPublish(req, v, active, raw, fp)
+	case fsm.ControllerUnpublish:
+		return p.planControllerUnpublish(req, v, active, raw, fp)
+	case fsm.NodeStage:
+		return p.planNodeStage(req, v, active, raw, fp)
+	case fsm.NodeUnstage:
+		return p.planNodeUnstage(req, v, active, raw, fp)
+	case fsm.NodePublish:
+		return p.planNodePublish(req, v, active, raw, fp)
+	case fsm.NodeUnpublish:
+		return p.planNodeUnpublish(req, v, active, raw, fp)
+	case fsm.Expand:
+		return p.planExpand(req, v, active, raw, fp)
+	case fsm.NodeExpand:
+		return p.planNodeExpand(req, v, active, raw, fp)
+	}
+	return decision{}, fmt.Errorf("ops: no rules for event %q", req.Event)
+}
+
+// newOp builds an op for an accepted request.
+func (p *planner) newOp(v *store.Volume, step fsm.Step, raw []byte, fp string) *store.Op {
+	return &store.Op{Event: step.Event, Guard: step.Guard, From: step.From, To: step.To,
+		Args: raw, Fingerprint: fp, CreatedAt: p.now}
+}
+
+func (p *planner) acceptStep(v *store.Volume, e fsm.Event, g fsm.Guard, raw []byte, fp string) (decision, error) {
+	step, err := fsm.Next(v.State, e, g)
+	if err != nil {
+		return decision{}, err // callers check legality first; this is a bug
+	}
+	nv := cloneVolume(v)
+	return decision{kind: accept, vol: nv, op: p.newOp(nv, step, raw, fp)}, nil
+}
+
+func rejectf(code codes.Code, format string, args ...any) (decision, error) {
+	return decision{kind: reject, err: Errorf(code, format, args...)}, nil
+}
+
+func doneWith(v *store.Volume) (decision, error) { return decision{kind: done, vol: v}, nil }
+
+// inFlight answers a request that meets another op on its volume: join an
+// identical one, otherwise Aborted.
+func inFlight(active *store.Op, e fsm.Event, fp string) (decision, error) {
+	if active.Event == e && active.Fingerprint == fp {
+		return decision{kind: join, seq: active.Seq}, nil
+	}
+	return rejectf(codes.Aborted, "volume %s has operation %d (%s) in progress; retry later",
+		active.VolumeID, active.Seq, active.Event)
+}
+
+// negates reports whether a request for e negates the active op: the
+// active op is e's forward event on the same slot.
+func negates(active *store.Op, e fsm.Event, sameSlot bool) bool {
+	f, ok := fsm.Forward(e)
+	return ok && active.Event == f && sameSlot
+}
+
+func (p *planner) planCreate(a *CreateArgs, raw []byte, fp string) (decision, error) {
+	if id := p.tx.VolumeIDByName(a.Name); id != "" {
+		v, err := p.tx.Volume(id)
+		if err != nil {
+			return decision{}, err
+		}
+		if v != nil {
+			if v.ActiveOp != 0 {
+				active, err := p.tx.Op(v.ActiveOp)
+				if err != nil {
+					return decision{}, err
+				}
+				if active != nil && active.Event == fsm.Create {
+					if active.Fingerprint == fp {
+						return decision{kind: join, seq: active.Seq}, nil
+					}
+					return rejectf(codes.AlreadyExists, "volume %q is being created with other arguments", a.Name)
+				}
+			}
+			if v.State != fsm.Absent {
+				if why := createIncompatible(v, a); why != "" {
+					return rejectf(codes.AlreadyExists, "volume %q already exists as %s, %s", a.Name, v.ID, why)
+				}
+				return doneWith(v)
+			}
+		}
+	}
+	id := p.newID()
+	for tries := 0; ; tries++ {
+		if clash, err := p.tx.Volume(id); err != nil {
+			return decision{}, err
+		} else if clash == nil {
+			break
+		} else if tries > 8 {
+			return decision{}, fmt.Errorf("ops: could not draw a free volume id")
+		}
+		id = p.newID()
+	}
+	v := &store.Volume{ID: id, Name: a.Name, State: fsm.Absent, Parameters: maps.Clone(a.Parameters),
+		Capability: a.Capability, CreateFingerprint: fp, CreatedAt: p.now, UpdatedAt: p.now}
+	return p.acceptStep(v, fsm.Create, fsm.NoGuard, raw, fp)
+}
+
+// createIncompatible says why an existing volume does not satisfy a create
+// request with its name, or "" when it does.
+func createIncompatible(v *store.Volume, a *CreateArgs) string {
+	switch {
+	case a.RequiredBytes > 0 && v.CapacityBytes < a.RequiredBytes:
+		return fmt.Sprintf("of %d bytes, smaller than the %d bytes required", v.CapacityBytes, a.RequiredBytes)
+	case a.LimitBytes > 0 && v.CapacityBytes > a.LimitBytes:
+		return fmt.Sprintf("of %d bytes, larger than the %d bytes limit", v.CapacityBytes, a.LimitBytes)
+	case !maps.Equal(v.Parameters, a.Parameters):
+		return "with other parameters"
+	case v.Capability.AccessType != a.Capability.AccessType:
+		return fmt.Sprintf("with access type %s", v.Capability.AccessType)
+	case len(a.Zones) > 0 && v.Zone != "" && !slices.Contains(a.Zones, v.Zone):
+		return fmt.Sprintf("in zone %s, outside the requested topology", v.Zone)
+	}
+	return ""
+}
+
+func (p *planner) planDelete(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	if v == nil {
+		return doneWith(&store.Volume{ID: req.VolumeID, State: fsm.Absent})
+	}
+	if active != nil {
+		return inFlight(active, fsm.Delete, fp)
+	}
+	if _, err := fsm.Next(v.State, fsm.Delete, fsm.NoGuard); err != nil {
+		return rejectf(codes.FailedPrecondition, "volume %s is %s on node %s; unpublish it before deleting it",
+			v.ID, v.State, v.Node())
+	}
+	return p.acceptStep(v, fsm.Delete, fsm.NoGuard, raw, fp)
+}
+
+func (p *planner) planControllerPublish(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	a := req.Args.(*ControllerPublishArgs)
+	if v == nil {
+		return rejectf(codes.NotFound, "volume %s does not exist", req.VolumeID)
+	}
+	want := capFingerprint(a.Capability, a.ReadOnly)
+	if active != nil {
+		if active.Event == fsm.Expand {
+			return decision{kind: waitThenReplan, seq: active.Seq,
+				why: fmt.Sprintf("volume %s is being resized (operation %d); it is attached once the resize has finished; retry", v.ID, active.Seq)}, nil
+		}
+		return inFlight(active, fsm.ControllerPublish, fp)
+	}
+	if att := v.Attachment; att != nil {
+		switch {
+		case att.Node != a.Node:
+			return rejectf(codes.FailedPrecondition, "volume %s is published to node %s; it can be attached to one node at a time", v.ID, att.Node)
+		case att.Fingerprint != want:
+			return rejectf(codes.AlreadyExists, "volume %s is published to node %s with another capability or read-only flag", v.ID, a.Node)
+		}
+		return doneWith(v)
+	}
+	if _, err := fsm.Next(v.State, fsm.ControllerPublish, fsm.NoGuard); err != nil {
+		return rejectf(codes.FailedPrecondition, "volume %s is %s; it cannot be published now", v.ID, v.State)
+	}
+	r, err := p.tx.Resize(v.ID)
+	if err != nil {
+		return decision{}, err
+	}
+	if r != nil {
+		// A resize is due on this detached volume and nothing runs it:
+		// start it now, and attach after it.
+		return p.startResize(v, r)
+	}
+	return p.acceptStep(v, fsm.ControllerPublish, fsm.NoGuard, raw, fp)
+}
+
+func (p *planner) planControllerUnpublish(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	a := req.Args.(*ControllerUnpublishArgs)
+	if v == nil {
+		return doneWith(&store.Volume{ID: req.VolumeID, State: fsm.Absent})
+	}
+	if active != nil {
+		if negates(active, fsm.ControllerUnpublish, true) {
+			pa, err := DecodeArgs[ControllerPublishArgs](active)
+			if err != nil {
+				return decision{}, err
+			}
+			if a.Node == "" || a.Node == pa.Node {
+				return decision{kind: cancelThenReplan, seq: active.Seq,
+					why: fmt.Sprintf("cancelling publish operation %d of volume %s", active.Seq, v.ID)}, nil
+			}
+		}
+		return inFlight(active, fsm.ControllerUnpublish, fp)
+	}
+	if v.Attachment == nil || (a.Node != "" && a.Node != v.Attachment.Node) {
+		return doneWith(v)
+	}
+	if _, err := fsm.Next(v.State, fsm.ControllerUnpublish, fsm.NoGuard); err != nil {
+		return rejectf(codes.FailedPrecondition, "volume %s is still %s on node %s; unpublish and unstage it on the node first",
+			v.ID, v.State, v.Node())
+	}
+	return p.acceptStep(v, fsm.ControllerUnpublish, fsm.NoGuard, raw, fp)
+}
+
+func (p *planner) planNodeStage(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	a := req.Args.(*NodeStageArgs)
+	if v == nil {
+		return rejectf(codes.NotFound, "volume %s does not exist on this node", req.VolumeID)
+	}
+	want := capFingerprint(a.Capability)
+	if active != nil {
+		return inFlight(active, fsm.NodeStage, fp)
+	}
+	if st := v.Stage; st != nil {
+		switch {
+		case st.Path != a.StagingPath:
+			return rejectf(codes.FailedPrecondition, "volume %s is staged at %s, not at %s", v.ID, st.Path, a.StagingPath)
+		case st.Fingerprint != want:
+			return rejectf(codes.AlreadyExists, "volume %s is staged at %s with another capability", v.ID, st.Path)
+		}
+		return doneWith(v)
+	}
+	if p.nodeID != "" && v.Node() != "" && v.Node() != p.nodeID {
+		return rejectf(codes.FailedPrecondition, "volume %s is published to node %s, not to this node (%s)", v.ID, v.Node(), p.nodeID)
+	}
+	if _, err := fsm.Next(v.State, fsm.NodeStage, fsm.NoGuard); err != nil {
+		return rejectf(codes.FailedPrecondition, "volume %s is %s: ControllerPublishVolume must succeed before NodeStageVolume", v.ID, v.State)
+	}
+	return p.acceptStep(v, fsm.NodeStage, fsm.NoGuard, raw, fp)
+}
+
+func (p *planner) planNodeUnstage(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	a := req.Args.(*NodeUnstageArgs)
+	if v == nil {
+		return doneWith(&store.Volume{ID: req.VolumeID, State: fsm.Absent})
+	}
+	if active != nil {
+		if negates(active, fsm.NodeUnstage, true) {
+			sa, err := DecodeArgs[NodeStageArgs](active)
+			if err != nil {
+				return decision{}, err
+			}
+			if sa.StagingPath == a.StagingPath {
+				return decision{kind: cancelThenReplan, seq: active.Seq,
+					why: fmt.Sprintf("cancelling stage operation %d of volume %s", active.Seq, v.ID)}, nil
+			}
+		}
+		return inFlight(active, fsm.NodeUnstage, fp)
+	}
+	if v.Stage == nil || v.Stage.Path != a.StagingPath {
+		return doneWith(v)
+	}
+	if _, err := fsm.Next(v.State, fsm.NodeUnstage, fsm.NoGuard); err != nil {
+		return rejectf(codes.FailedPrecondition, "volume %s is still published at %d target(s); NodeUnpublishVolume them first",
+			v.ID, len(v.Targets))
+	}
+	return p.acceptStep(v, fsm.NodeUnstage, fsm.NoGuard, raw, fp)
+}
+
+func (p *planner) planNodePublish(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	a := req.Args.(*NodePublishArgs)
+	if v == nil {
+		return rejectf(codes.NotFound, "volume %s does not exist on this node", req.VolumeID)
+	}
+	want := capFingerprint(a.Capability, a.ReadOnly, a.StagingPath)
+	if active != nil {
+		return inFlight(active, fsm.NodePublish, fp)
+	}
+	if t, ok := v.Targets[a.TargetPath]; ok {
+		if t.Fingerprint != want {
+			return rejectf(codes.AlreadyExists, "volume %s is published at %s with another capability or read-only flag", v.ID, a.TargetPath)
+		}
+		return doneWith(v)
+	}
+	if !fsm.Legal(v.State, fsm.NodePublish) {
+		return rejectf(codes.FailedPrecondition, "volume %s is %s: NodeStageVolume must succeed before NodePublishVolume", v.ID, v.State)
+	}
+	if v.Stage != nil && v.Stage.Path != a.StagingPath {
+		return rejectf(codes.FailedPrecondition, "volume %s is staged at %s, not at %s", v.ID, v.Stage.Path, a.StagingPath)
+	}
+	return p.acceptStep(v, fsm.NodePublish, fsm.NoGuard, raw, fp)
+}
+
+func (p *planner) planNodeUnpublish(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	a := req.Args.(*NodeUnpublishArgs)
+	if v == nil {
+		return doneWith(&store.Volume{ID: req.VolumeID, State: fsm.Absent})
+	}
+	if active != nil {
+		if negates(active, fsm.NodeUnpublish, true) {
+			pa, err := DecodeArgs[NodePublishArgs](active)
+			if err != nil {
+				return decision{}, err
+			}
+			if pa.TargetPath == a.TargetPath {
+				return decision{kind: cancelThenReplan, seq: active.Seq,
+					why: fmt.Sprintf("cancelling publish operation %d of volume %s", active.Seq, v.ID)}, nil
+			}
+		}
+		return inFlight(active, fsm.NodeUnpublish, fp)
+	}
+	if _, ok := v.Targets[a.TargetPath]; !ok {
+		return doneWith(v)
+	}
+	guard := fsm.OtherTargets
+	if len(v.Targets) == 1 {
+		guard = fsm.LastTarget
+	}
+	return p.acceptStep(v, fsm.NodeUnpublish, guard, raw, fp)
+}
+
+func (p *planner) planNodeExpand(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	a := req.Args.(*NodeExpandArgs)
+	if v == nil {
+		return rejectf(codes.NotFound, "volume %s does not exist on this node", req.VolumeID)
+	}
+	if active != nil {
+		return inFlight(active, fsm.NodeExpand, fp)
+	}
+	_, published := v.Targets[a.VolumePath]
+	staged := v.Stage != nil && v.Stage.Path == a.VolumePath
+	if !fsm.Legal(v.State, fsm.NodeExpand) || (!published && !staged && v.Capability.AccessType != "block") {
+		return rejectf(codes.NotFound, "volume %s is not staged or published at %s", v.ID, a.VolumePath)
+	}
+	if v.Capability.AccessType == "block" {
+		return doneWith(v) // a raw block volume has no filesystem to grow
+	}
+	return p.acceptStep(v, fsm.NodeExpand, fsm.NoGuard, raw, fp)
+}
+
+// planExpand implements the deferred offline resize. An expand of a
+// detached, idle volume runs now; of an attached (or busy) volume it is
+// recorded in the resize queue, merged with what is queued, and answered
+// with FailedPrecondition until the volume has been unpublished.
+func (p *planner) planExpand(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
+	a := req.Args.(*ExpandArgs)
+	if v == nil {
+		return rejectf(codes.NotFound, "volume %s does not exist", req.VolumeID)
+	}
+	if a.LimitBytes > 0 && v.CapacityBytes > a.LimitBytes {
+		return rejectf(codes.OutOfRange, "volume %s has %d bytes; it cannot shrink to the %d bytes limit", v.ID, v.CapacityBytes, a.LimitBytes)
+	}
+	if a.RequiredBytes <= v.CapacityBytes {
+		return doneWith(v)
+	}
+	r, err := p.tx.Resize(v.ID)
+	if err != nil {
+		return decision{}, err
+	}
+	merged := mergeResize(r, v.ID, a.RequiredBytes, p.now)
+	raised := r == nil || merged.TargetBytes > r.TargetBytes
+
+	if active != nil && active.Event == fsm.Expand {
+		// A resize is running. Ours joins it, or raises the target of the
+		// one that runs next; either way wait and look again.
+		d := decision{kind: waitThenReplan, seq: active.Seq,
+			why: fmt.Sprintf("volume %s is being resized (operation %d); retry", v.ID, active.Seq)}
+		if raised {
+			merged.Status = store.ResizeRunning
+			d.resize = merged
+		}
+		return d, nil
+	}
+	step, err := fsm.Next(v.State, fsm.Expand, fsm.NoGuard)
+	if err != nil {
+		return rejectf(codes.FailedPrecondition, "volume %s is %s; it cannot be expanded now", v.ID, v.State)
+	}
+	if step.Deferred() || active != nil {
+		busy := fmt.Sprintf("is in use (%s on node %s)", v.State, v.Node())
+		if active != nil {
+			busy = fmt.Sprintf("has operation %d (%s) in progress", active.Seq, active.Event)
+		}
+		d := decision{kind: reject, err: Errorf(codes.FailedPrecondition,
+			"volume %s %s and this driver expands only detached volumes: a resize to %d bytes is queued "+
+				"and runs as soon as the volume is unpublished (ControllerUnpublishVolume)",
+			v.ID, busy, merged.TargetBytes)}
+		if raised {
+			merged.Status = store.ResizeQueued
+			d.resize = merged
+			d.note = &store.HistoryEntry{Time: p.now, Event: fsm.Expand, Guard: fsm.Deferred, From: v.State, To: v.State,
+				Generation: v.Generation, Outcome: fmt.Sprintf("queued resize to %d bytes", merged.TargetBytes)}
+		}
+		return d, nil
+	}
+	return p.startResize(v, merged)
+}
+
+// startResize accepts an expand op for a detached, idle volume with resize
+// entry r (which it marks running).
+func (p *planner) startResize(v *store.Volume, r *store.Resize) (decision, error) {
+	args := &ExpandArgs{RequiredBytes: r.TargetBytes}
+	raw, fp := encodeArgs(args)
+	d, err := p.acceptStep(v, fsm.Expand, fsm.NoGuard, raw, fp)
+	if err != nil {
+		return d, err
+	}
+	rr := *r
+	rr.Status, rr.UpdatedAt = store.ResizeRunning, p.now
+	d.resize = &rr
+	return d, nil
+}
+
+// mergeResize folds a requested size into the queue entry: the larger wins.
+func mergeResize(r *store.Resize, id string, size int64, now time.Time) *store.Resize {
+	if r == nil {
+		return &store.Resize{VolumeID: id, TargetBytes: size, Status: store.ResizeQueued, QueuedAt: now, UpdatedAt: now}
+	}
+	m := *r
+	if size > m.TargetBytes {
+		m.TargetBytes, m.UpdatedAt = size, now
+	}
+	return &m
+}
+
+func cloneVolume(v *store.Volume) *store.Volume {
+	c := *v
+	c.Parameters = maps.Clone(v.Parameters)
+	c.Targets = maps.Clone(v.Targets)
+	if v.Attachment != nil {
+		a := *v.Attachment
+		a.PublishContext = maps.Clone(v.Attachment.PublishContext)
+		c.Attachment = &a
+	}
+	if v.Stage != nil {
+		s := *v.Stage
+		c.Stage = &s
+	}
+	c.Capability.MountFlags = slices.Clone(v.Capability.MountFlags)
+	return &c
+}
