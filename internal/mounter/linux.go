@@ -306,8 +306,11 @@ func (m *Linux) Unmount(ctx context.Context, target string) error {
 	} else if err != nil {
 		return err
 	}
+	// Unmount until target is no mount point: mounts may be stacked on it.
+	// EINVAL is the kernel saying it is none; so it says for a symbolic
+	// link to a mount point, which csid does not follow.
 	const maxStacked = 16
-	for range maxStacked {
+	for i := 0; ; i++ {
 		mounted, err := m.IsMounted(ctx, target)
 		if err != nil {
 			return err
@@ -315,8 +318,15 @@ func (m *Linux) Unmount(ctx context.Context, target string) error {
 		if !mounted {
 			break
 		}
-		if err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
+		err = unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		if errors.Is(err, unix.EINVAL) {
+			break
+		}
+		if err != nil {
 			return fmt.Errorf("unmount %s: %w", target, err)
+		}
+		if i == maxStacked {
+			return fmt.Errorf("unmount %s: still mounted after %d unmounts", target, maxStacked)
 		}
 	}
 	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {

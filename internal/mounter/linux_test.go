@@ -578,3 +578,44 @@ func TestUnmountNeverDeletesContent(t *testing.T) {
 		t.Fatalf("Unmount left %s: %v", empty, err)
 	}
 }
+
+// Mounts stacked on one target all go; a symbolic link to a mount point is
+// removed, and what it points at stays mounted (csid does not follow it).
+func TestUnmountStackedAndSymlinked(t *testing.T) {
+	testutil.RequireRoot(t)
+	sb := newSandbox(t)
+	m := New()
+	ctx := context.Background()
+	staging := sb.path("staging")
+	if err := m.FormatAndMount(ctx, sb.device(16*mib), staging, "ext4", nil); err != nil {
+		t.Fatal(err)
+	}
+	target := sb.path("target")
+	if err := os.Mkdir(target, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := unix.Mount(staging, target, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Unmount(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(target); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Unmount of three stacked mounts left the target: %v", err)
+	}
+	link := sb.path("link")
+	if err := os.Symlink(staging, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unmount(ctx, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(link); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Unmount left the link: %v", err)
+	}
+	if mounted, err := m.IsMounted(ctx, staging); err != nil || !mounted {
+		t.Fatalf("the mount behind the link: mounted=%v, %v; want still mounted", mounted, err)
+	}
+}

@@ -207,7 +207,9 @@ func (c *Cloud) SetLatency(kind cloud.OpKind, d time.Duration) {
 
 // Hold keeps operations of kind from completing until the returned release
 // is called (then they complete, after their latency if any). Calls go on
-// being accepted meanwhile. Calling release more than once is harmless.
+// being accepted meanwhile. Calling release more than once is harmless;
+// not calling it leaves a goroutine per held operation waiting, so tests
+// defer it.
 func (c *Cloud) Hold(kind cloud.OpKind) (release func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
