@@ -173,12 +173,19 @@ func (c *Cloud) record(kind cloud.OpKind, id diskID, nodeID string, started time
 }
 
 // ioFailure classifies an error of the state directory: out of space is
-// ErrLimitReached, anything else may pass (ErrTransient).
+// ErrLimitReached, another failing system call may pass (ErrTransient), and
+// anything else (a damaged record) is left untyped: retrying will not cure
+// it.
 func ioFailure(what string, err error) error {
-	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+	var errno unix.Errno
+	switch {
+	case errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT):
 		return fmt.Errorf("%s: %v: %w", what, err, cloud.ErrLimitReached)
+	case errors.As(err, &errno):
+		return fmt.Errorf("%s: %v: %w", what, err, cloud.ErrTransient)
+	default:
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	return fmt.Errorf("%s: %v: %w", what, err, cloud.ErrTransient)
 }
 
 func roundSize(size int64) (int64, error) {
