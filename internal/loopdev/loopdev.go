@@ -130,8 +130,10 @@ func loopNumber(name string) (int, bool) {
 func readSys(root string, n int) (d Device, bound bool, err error) {
 	dir := filepath.Join(root, "loop"+strconv.Itoa(n))
 	raw, err := os.ReadFile(filepath.Join(dir, "loop", "backing_file"))
-	if errors.Is(err, os.ErrNotExist) {
-		return Device{}, false, nil // not bound: the "loop" directory exists only while bound
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO) {
+		// Not bound: the "loop" directory exists only while bound, and
+		// reads ENODEV while the device is being released.
+		return Device{}, false, nil
 	}
 	if err != nil {
 		return Device{}, false, fmt.Errorf("loop%d: %w", n, err)
