@@ -9,6 +9,22 @@
 // operation's ID before waiting, so that after a restart it waits on the same
 // operation again (WaitOperation) instead of starting a second one. Every
 // mutating call is also idempotent, so starting it again is safe too.
+//
+// Where errors appear: what a provider can tell before it starts (a malformed
+// argument, an unknown disk or node, a name taken with another size, an
+// attached disk, a full node or zone) is returned by the call itself, and
+// then no operation was started. What goes wrong while an operation runs is
+// returned by WaitOperation. Callers handle both. A provider keeps finished
+// operations for a while, not for ever: WaitOperation of one it has
+// forgotten is ErrNotFound, and the caller issues the idempotent call again.
+//
+// Sizes: a provider rounds a requested size up to its granularity (a real
+// cloud rounds to GiB); Disk.SizeBytes is the rounded size, and "the same
+// size" below means the same after rounding.
+//
+// Ids are the provider's: an id that is not of the provider's format is never
+// used to look anything up. Lookups (GetDisk, WaitOperation) report it as
+// ErrNotFound, mutations as ErrInvalid.
 package cloud
 
 import (
@@ -122,7 +138,8 @@ type Cloud interface {
 	// GetDisk reports a disk, or ErrNotFound.
 	GetDisk(ctx context.Context, diskID string) (Disk, error)
 	// ListDisks returns one page of disks ordered by ID. A token that names a
-	// disk deleted since is not an error. A malformed token is ErrInvalid.
+	// disk deleted since is not an error. A malformed token, or a negative
+	// MaxResults, is ErrInvalid.
 	ListDisks(ctx context.Context, opts ListOptions) (DiskPage, error)
 	// AttachDisk starts attaching a disk to a node. Attaching to the node it
 	// is already attached to is success; to another node, ErrAttached; an
@@ -132,18 +149,20 @@ type Cloud interface {
 	// attached to that node (or does not exist) is success.
 	DetachDisk(ctx context.Context, diskID, nodeID string) (Operation, error)
 	// ResizeDisk starts growing a detached disk to sizeBytes. A disk already
-	// at least that large is success; an attached disk fails with
-	// ErrAttached (offline-only provider); shrinking is ErrInvalid.
+	// at least that large is success (nothing is shrunk); an attached disk
+	// fails with ErrAttached (offline-only provider); a size that is not
+	// positive, or beyond the provider's maximum, is ErrInvalid.
 	ResizeDisk(ctx context.Context, diskID string, sizeBytes int64) (Operation, error)
-	// WaitOperation blocks until the operation has finished (or ctx ends)
-	// and returns the disk as the operation left it. For a finished delete
-	// it returns the zero Disk. An unknown operation ID is ErrNotFound. It
-	// may be called any number of times, also after a restart.
+	// WaitOperation blocks until the operation has finished (or ctx ends,
+	// then ctx's error) and returns the disk as the operation left it, or the
+	// typed error it failed with. For a finished delete it returns the zero
+	// Disk. An unknown operation ID is ErrNotFound. It may be called any
+	// number of times, also after a restart.
 	WaitOperation(ctx context.Context, opID string) (Disk, error)
 	// GetNode reports a node, or ErrNotFound.
 	GetNode(ctx context.Context, nodeID string) (Node, error)
 	// Capacity reports the bytes available for new disks in a zone ("" for
-	// the default zone).
+	// the default zone). A zone the provider does not have is ErrInvalid.
 	Capacity(ctx context.Context, zone string) (int64, error)
 	// Zones lists the provider's zones; a provider without topology returns
 	// nil.
@@ -168,5 +187,8 @@ type Host interface {
 // Registrar is implemented by providers where a node announces itself (the
 // local backend): a node process registers at start-up, with its attach limit.
 type Registrar interface {
+	// RegisterNode records the node, or updates its zone and attach limit
+	// when it is already known (a repeat call with the same node is a
+	// no-op). A zone the provider does not have is ErrInvalid.
 	RegisterNode(ctx context.Context, node Node) error
 }

@@ -15,7 +15,8 @@ import (
 
 // Typed errors, wrapped by implementations; decide with errors.Is.
 var (
-	// ErrInvalidPath: a path is empty, relative, or contains "..".
+	// ErrInvalidPath: a path is empty, relative, contains a ".." element
+	// or a NUL byte, or is longer than MaxPathBytes (see ValidatePath).
 	ErrInvalidPath = errors.New("invalid path")
 	// ErrProbeFailed: the device could not be read or probed, so csid
 	// does not know whether it holds data; it is not formatted.
@@ -64,8 +65,11 @@ type Mounter interface {
 	// FormatAndMount mounts device at target (a directory, created if
 	// missing) with filesystem fsType ("ext4" when empty) and options. The
 	// device is formatted first only if a successful probe finds it blank.
-	// A device already formatted with fsType is mounted as it is; with
-	// another filesystem, ErrFormatMismatch. Already mounted there: success.
+	// A device already formatted with fsType is mounted without being
+	// formatted (an ext3/ext4 smaller than its device is grown first,
+	// offline, unless the mount is read-only); with another filesystem,
+	// ErrFormatMismatch. Already mounted there: success; target mounted
+	// from another device: ErrBusy.
 	FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error
 	// BindMount bind-mounts the directory source onto target (created if
 	// missing), read-only if readOnly. Already bind-mounted: success.

@@ -120,10 +120,10 @@ type flight struct {
 	event    fsm.Event
 	volumeID string
 	op       *store.Op // the worker's copy
-	vol    store.Volume
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	done   chan struct{}
+	vol      store.Volume
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	done     chan struct{}
 	// out and err are the outcome, set before done is closed.
 	out store.Volume
 	err *Error

@@ -118,14 +118,14 @@ func TestIllegalTransitionsGetTheSpecCodes(t *testing.T) {
 		req  Request
 		code codes.Code
 	}{
-		{deleteReq(id), codes.FailedPrecondition},                                            // published
-		{unpublishReq(id), codes.FailedPrecondition},                                         // still staged
-		{unstageReq(id, "/stage/"+id), codes.FailedPrecondition},                             // still published
-		{publishReq(id, "node-2"), codes.FailedPrecondition},                                 // attached elsewhere
-		{publishReq("vol-unknown", "node-1"), codes.NotFound},                                // no such volume
-		{stageReq("vol-unknown", "/s"), codes.NotFound},                                      // no such volume
-		{nodePublishReq("vol-unknown", "/t"), codes.NotFound},                                // no such volume
-		{stageReq(id, "/elsewhere"), codes.FailedPrecondition},                               // staged at another path
+		{deleteReq(id), codes.FailedPrecondition},                // published
+		{unpublishReq(id), codes.FailedPrecondition},             // still staged
+		{unstageReq(id, "/stage/"+id), codes.FailedPrecondition}, // still published
+		{publishReq(id, "node-2"), codes.FailedPrecondition},     // attached elsewhere
+		{publishReq("vol-unknown", "node-1"), codes.NotFound},    // no such volume
+		{stageReq("vol-unknown", "/s"), codes.NotFound},          // no such volume
+		{nodePublishReq("vol-unknown", "/t"), codes.NotFound},    // no such volume
+		{stageReq(id, "/elsewhere"), codes.FailedPrecondition},   // staged at another path
 		{Request{VolumeID: id, Event: fsm.ControllerPublish, Args: &ControllerPublishArgs{Node: "node-1", ReadOnly: true, Capability: mountCap}}, codes.AlreadyExists},
 	}
 	for _, c := range cases {

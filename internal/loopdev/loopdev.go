@@ -1,0 +1,405 @@
+// Package loopdev binds files to Linux loop devices, finds the device bound
+// to a file again, and releases it. It talks to the kernel directly (the
+// loop ioctls and sysfs), not through losetup: there is no output to parse,
+// errors keep their errno (EBUSY when another process takes the same free
+// device, so Attach can retry), and Release can hold an exclusive open of the
+// device while it clears it, so a mount cannot slip in between the "is it in
+// use?" check and the release.
+//
+// A file is identified by its device and inode number, never by its path:
+// the path the kernel reports for a backing file depends on the mount
+// namespace of the reader, and a copy of a file at another path is another
+// file.
+//
+// Attaching and releasing need root (CAP_SYS_ADMIN and access to /dev/loop*);
+// List only reads sysfs.
+package loopdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrBusy: the device is in use (mounted, or opened exclusively), so it is
+// not released.
+var ErrBusy = errors.New("loop device is in use")
+
+// Loop flags (include/uapi/linux/loop.h); x/sys/unix does not define them.
+const (
+	flagReadOnly  = 1
+	flagAutoClear = 4
+)
+
+// loopMajor is the block major of loop devices.
+const loopMajor = 7
+
+// sysBlock is where the kernel lists block devices.
+const sysBlock = "/sys/block"
+
+// Device is a loop device bound to a file.
+type Device struct {
+	// Path is the device node, /dev/loopN.
+	Path string
+	// Number is N.
+	Number int
+	// BackingFile is the path of the backing file as the kernel reports it
+	// to this process, without the " (deleted)" suffix.
+	BackingFile string
+	// Deleted is true when the backing file has been unlinked.
+	Deleted bool
+	// AutoClear is true when the device is being released: it goes away
+	// as soon as its last opener closes it.
+	AutoClear bool
+	// SizeBytes is the size of the device.
+	SizeBytes int64
+	// ReadOnly is true for a read-only binding.
+	ReadOnly bool
+}
+
+// FileID identifies a file by the device and inode number it lives on.
+type FileID struct {
+	Dev uint64
+	Ino uint64
+}
+
+// IDOf returns the identity of a file from its FileInfo.
+func IDOf(fi os.FileInfo) (FileID, error) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return FileID{}, fmt.Errorf("%s: no device and inode number", fi.Name())
+	}
+	return FileID{Dev: uint64(st.Dev), Ino: uint64(st.Ino)}, nil
+}
+
+// List returns every bound loop device on the machine, in device-number
+// order. It reads sysfs only, so it needs no privilege; a device released
+// while List runs is left out.
+func List() ([]Device, error) {
+	return listIn(sysBlock)
+}
+
+func listIn(root string) ([]Device, error) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("list loop devices: %w", err)
+	}
+	var out []Device
+	for _, e := range entries {
+		n, ok := loopNumber(e.Name())
+		if !ok {
+			continue
+		}
+		d, bound, err := readSys(root, n)
+		if err != nil {
+			return nil, err
+		}
+		if bound {
+			out = append(out, d)
+		}
+	}
+	// ReadDir sorts by name ("loop10" before "loop2"); sort by number.
+	slices.SortFunc(out, func(a, b Device) int { return a.Number - b.Number })
+	return out, nil
+}
+
+func loopNumber(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "loop")
+	if !ok || rest == "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+// readSys reads /sys/block/loopN. bound is false when the device has no
+// backing file (or vanished meanwhile).
+func readSys(root string, n int) (d Device, bound bool, err error) {
+	dir := filepath.Join(root, "loop"+strconv.Itoa(n))
+	raw, err := os.ReadFile(filepath.Join(dir, "loop", "backing_file"))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO) {
+		// Not bound: the "loop" directory exists only while bound, and
+		// reads ENODEV while the device is being released.
+		return Device{}, false, nil
+	}
+	if err != nil {
+		return Device{}, false, fmt.Errorf("loop%d: %w", n, err)
+	}
+	backing := strings.TrimSuffix(string(raw), "\n")
+	d = Device{Path: "/dev/loop" + strconv.Itoa(n), Number: n}
+	d.BackingFile, d.Deleted = strings.CutSuffix(backing, " (deleted)")
+	d.AutoClear = readSysInt(filepath.Join(dir, "loop", "autoclear")) == 1
+	d.ReadOnly = readSysInt(filepath.Join(dir, "ro")) == 1
+	d.SizeBytes = readSysInt(filepath.Join(dir, "size")) * 512
+	return d, true, nil
+}
+
+// readSysInt reads a sysfs integer; a missing or odd file reads as 0.
+func readSysInt(path string) int64 {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return v
+}
+
+// Bound reports whether the device at path is bound, from sysfs.
+func Bound(path string) (bool, error) {
+	n, ok := loopNumber(filepath.Base(path))
+	if !ok {
+		return false, fmt.Errorf("%s is not a loop device", path)
+	}
+	_, bound, err := readSys(sysBlock, n)
+	return bound, err
+}
+
+// Backing returns the identity of the file bound to the device at path
+// (LOOP_GET_STATUS64). An unbound device is an error wrapping unix.ENXIO.
+func Backing(path string) (FileID, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return FileID{}, err
+	}
+	defer f.Close()
+	return backingOf(f)
+}
+
+func backingOf(f *os.File) (FileID, error) {
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return FileID{}, fmt.Errorf("%s: LOOP_GET_STATUS64: %w", f.Name(), err)
+	}
+	return FileID{Dev: info.Device, Ino: info.Inode}, nil
+}
+
+// Find returns the bound loop devices whose backing file is id. candidate,
+// when not nil, first filters the sysfs listing cheaply (for example by the
+// backing file's base name) so that only plausible devices are opened.
+// Devices being released (AutoClear) are included; callers decide.
+func Find(id FileID, candidate func(Device) bool) ([]Device, error) {
+	all, err := List()
+	if err != nil {
+		return nil, err
+	}
+	var out []Device
+	for _, d := range all {
+		if candidate != nil && !candidate(d) {
+			continue
+		}
+		got, err := Backing(d.Path)
+		if errors.Is(err, unix.ENXIO) || errors.Is(err, os.ErrNotExist) {
+			continue // released since List
+		}
+		if err != nil {
+			return nil, err
+		}
+		if got == id {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+// Options shape a binding.
+type Options struct {
+	// SizeLimit caps the device at this many bytes of the file; 0 means
+	// the whole file.
+	SizeLimit int64
+	// ReadOnly binds the device read-only; the file may then be open
+	// read-only.
+	ReadOnly bool
+}
+
+// maxAttachRaces bounds the retries when other processes keep taking the
+// free device Attach was offered.
+const maxAttachRaces = 64
+
+// Attach binds file to a free loop device and returns it. The device stays
+// bound after file is closed and after this process exits, until Release.
+// Attach does not look for an existing binding of the file: callers that
+// must never bind a file twice look it up with Find first, under their own
+// lock.
+func Attach(ctx context.Context, file *os.File, opts Options) (Device, error) {
+	if opts.SizeLimit < 0 {
+		return Device{}, fmt.Errorf("attach %s: negative size limit", file.Name())
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Device{}, fmt.Errorf("attach %s: %w", file.Name(), err)
+	}
+	defer ctl.Close()
+	for range maxAttachRaces {
+		if err := ctx.Err(); err != nil {
+			return Device{}, err
+		}
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return Device{}, fmt.Errorf("attach %s: LOOP_CTL_GET_FREE: %w", file.Name(), err)
+		}
+		d, err := bind(file, n, opts)
+		if errors.Is(err, unix.EBUSY) {
+			continue // another process bound loopN first; ask again
+		}
+		if err != nil {
+			return Device{}, fmt.Errorf("attach %s: %w", file.Name(), err)
+		}
+		return d, nil
+	}
+	return Device{}, fmt.Errorf("attach %s: lost the race for a free loop device %d times", file.Name(), maxAttachRaces)
+}
+
+func bind(file *os.File, n int, opts Options) (Device, error) {
+	path := "/dev/loop" + strconv.Itoa(n)
+	if err := ensureNode(path, n); err != nil {
+		return Device{}, err
+	}
+	mode := os.O_RDWR
+	var flags uint32
+	if opts.ReadOnly {
+		mode = os.O_RDONLY
+		flags |= flagReadOnly
+	}
+	dev, err := os.OpenFile(path, mode|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Device{}, err
+	}
+	defer dev.Close()
+	cfg := unix.LoopConfig{
+		Fd: uint32(file.Fd()),
+		Info: unix.LoopInfo64{
+			Sizelimit: uint64(opts.SizeLimit),
+			Flags:     flags,
+		},
+	}
+	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], file.Name())
+	err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) {
+		// Kernels before 5.8 lack LOOP_CONFIGURE.
+		err = setFD(dev, file, &cfg.Info)
+	}
+	runtime.KeepAlive(file)
+	if err != nil {
+		return Device{}, err
+	}
+	d, bound, err := readSys(sysBlock, n)
+	if err != nil {
+		return Device{}, err
+	}
+	if !bound {
+		return Device{}, fmt.Errorf("%s: bound but sysfs shows no backing file", path)
+	}
+	return d, nil
+}
+
+func setFD(dev, file *os.File, info *unix.LoopInfo64) error {
+	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_SET_FD, int(file.Fd())); err != nil {
+		return fmt.Errorf("LOOP_SET_FD: %w", err)
+	}
+	if err := unix.IoctlLoopSetStatus64(int(dev.Fd()), info); err != nil {
+		_ = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
+		return fmt.Errorf("LOOP_SET_STATUS64: %w", err)
+	}
+	return nil
+}
+
+// ensureNode creates /dev/loopN when /dev is not a devtmpfs that the kernel
+// populates itself (some container runtimes).
+func ensureNode(path string, n int) error {
+	_, err := os.Stat(path)
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	err = unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(loopMajor, uint32(n))))
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	return nil
+}
+
+// Release unbinds the device at path if it is still bound to the file id,
+// and waits until the kernel has let it go (or ctx ends). A device that is
+// mounted or otherwise opened exclusively is ErrBusy and stays bound. A
+// device already released, or bound to another file since, is success: it
+// is not this file's any more.
+//
+// The exclusive open held across the check and the release keeps a mount
+// from slipping in between. Openers that are not exclusive (a process
+// reading the device, udev probing it) delay the release until they close;
+// Release waits for that.
+func Release(ctx context.Context, path string, id FileID) error {
+	n, ok := loopNumber(filepath.Base(path))
+	if !ok {
+		return fmt.Errorf("release %s: not a loop device", path)
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("release %s: %w (mounted or held open)", path, ErrBusy)
+	}
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENXIO) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("release %s: %w", path, err)
+	}
+	got, err := backingOf(f)
+	if errors.Is(err, unix.ENXIO) || (err == nil && got != id) {
+		f.Close()
+		return nil
+	}
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("release %s: %w", path, err)
+	}
+	// What sysfs says while the device is ours, to recognise it below
+	// without opening the device again (an opener delays the release).
+	before, bound, err := readSys(sysBlock, n)
+	if err != nil || !bound {
+		f.Close()
+		return err
+	}
+	err = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
+	f.Close() // the kernel finishes the release when the last opener closes
+	if err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("release %s: LOOP_CLR_FD: %w", path, err)
+	}
+	return waitReleased(ctx, n, before.BackingFile)
+}
+
+// waitReleased polls sysfs until loopN is unbound or bound to another file.
+func waitReleased(ctx context.Context, n int, backing string) error {
+	delay := time.Millisecond
+	for {
+		d, bound, err := readSys(sysBlock, n)
+		if err != nil {
+			return err
+		}
+		if !bound || d.BackingFile != backing {
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("release %s: still held open by another process: %w", d.Path, context.Cause(ctx))
+		case <-t.C:
+		}
+		delay = min(2*delay, 50*time.Millisecond)
+	}
+}

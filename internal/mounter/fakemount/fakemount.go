@@ -1,0 +1,439 @@
+// Package fakemount is an in-memory mounter.Mounter for csid's fake backend
+// mode: load tests and drills of the engine without root, loop devices or
+// mkfs. It is a behavioural fake, not a mock: it keeps the contract of
+// package mounter (the mountertest suite runs against it and against the
+// real one), remembers which devices hold which filesystem at which size,
+// and which targets are mounted from what.
+//
+// Targets are real: FormatAndMount and BindMount create the target
+// directory, BindMountDevice the target file, and Unmount removes them, so
+// a caller's "the target is gone" checks hold. Devices are not: any device
+// path is accepted (the fake provider's /dev/csid-fake/...) and nothing is
+// ever opened there. What a caller writes into a mounted target is a plain
+// file in a plain directory: Stats counts it, and Unmount deletes it with
+// the target, as if it had lived on the device (the fake does not keep data
+// across mounts).
+//
+// A Mounter is safe for concurrent use.
+package fakemount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/csid-dev/csid/internal/mounter"
+)
+
+// DefaultDeviceSize is the size of a device nobody set a size for.
+const DefaultDeviceSize = 1 << 30
+
+// Plausible numbers for Stats: the space a fresh filesystem uses, and how
+// many bytes of filesystem per inode.
+const (
+	overheadFraction = 64 // 1/64 of the filesystem
+	bytesPerInode    = 16 << 10
+	freshInodes      = 11
+)
+
+type kind int
+
+const (
+	kindFS     kind = iota // a filesystem of a device
+	kindBind               // a directory bind-mounted
+	kindDevice             // a block device bind-mounted on a file
+)
+
+type device struct {
+	size     int64
+	fsType   string // "" while blank
+	fsBytes  int64  // the size of the filesystem
+	probeErr error
+}
+
+type mount struct {
+	kind     kind
+	device   string // the device behind the mount, "" for a bind of a plain directory
+	source   string // what was mounted: the device, or the bound directory
+	fsType   string
+	readOnly bool
+	options  []string
+	seq      int
+}
+
+// Mounter is the fake.
+type Mounter struct {
+	mu      sync.Mutex
+	devices map[string]*device
+	mounts  map[string]*mount
+	seq     int
+}
+
+var _ mounter.Mounter = (*Mounter)(nil)
+
+// New returns a Mounter with no devices formatted and nothing mounted.
+func New() *Mounter {
+	return &Mounter{devices: map[string]*device{}, mounts: map[string]*mount{}}
+}
+
+// dev returns the record of a device, creating a blank one; the caller
+// holds m.mu.
+func (m *Mounter) dev(path string) *device {
+	d, ok := m.devices[path]
+	if !ok {
+		d = &device{size: DefaultDeviceSize}
+		m.devices[path] = d
+	}
+	return d
+}
+
+// SetDeviceSize sets the size of a device, as a disk that grew (or the
+// first size it has).
+func (m *Mounter) SetDeviceSize(device string, size int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dev(device).size = size
+}
+
+// FailProbe makes every probe of device fail with ErrProbeFailed (wrapping
+// err) until called again with a nil err.
+func (m *Mounter) FailProbe(device string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dev(device).probeErr = err
+}
+
+// probe is Filesystem under the lock.
+func (m *Mounter) probe(device string) (*device, error) {
+	d := m.dev(device)
+	if d.probeErr != nil {
+		return nil, fmt.Errorf("probe %s: %v: %w", device, d.probeErr, mounter.ErrProbeFailed)
+	}
+	return d, nil
+}
+
+var supported = []string{"ext4", "ext3", "xfs"}
+
+func isExt(fsType string) bool { return fsType == "ext4" || fsType == "ext3" }
+
+// FormatAndMount formats a blank device and mounts it; see mounter.Mounter.
+// Like the real one, it grows an ext3/ext4 filesystem smaller than its
+// device before a read-write mount.
+func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error {
+	if err := validate(device, target); err != nil {
+		return err
+	}
+	if fsType == "" {
+		fsType = "ext4"
+	}
+	if !slices.Contains(supported, fsType) {
+		return fmt.Errorf("filesystem %q: csid formats %v", fsType, supported)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mt, ok := m.mounts[target]; ok {
+		if mt.kind == kindFS && mt.device == device {
+			return nil
+		}
+		return fmt.Errorf("%s is mounted, not from %s: %w", target, device, mounter.ErrBusy)
+	}
+	d, err := m.probe(device)
+	if err != nil {
+		return err
+	}
+	readOnly := slices.Contains(options, "ro")
+	switch d.fsType {
+	case "":
+		if readOnly {
+			return fmt.Errorf("%s is blank and the mount is read-only: csid formats only for read-write mounts", device)
+		}
+		d.fsType, d.fsBytes = fsType, d.size
+	case fsType:
+		if isExt(fsType) && !readOnly && d.fsBytes < d.size {
+			d.fsBytes = d.size
+		}
+	default:
+		return fmt.Errorf("%s holds %s, asked to mount %s: %w", device, d.fsType, fsType, mounter.ErrFormatMismatch)
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return err
+	}
+	m.add(target, &mount{kind: kindFS, device: device, source: device, fsType: fsType, readOnly: readOnly, options: slices.Clone(options)})
+	return nil
+}
+
+// add records a mount; the caller holds m.mu.
+func (m *Mounter) add(target string, mt *mount) {
+	m.seq++
+	mt.seq = m.seq
+	m.mounts[target] = mt
+}
+
+// BindMount bind-mounts a directory; see mounter.Mounter. The source must
+// exist (it is checked on the real file system); the target is created.
+func (m *Mounter) BindMount(ctx context.Context, source, target string, readOnly bool) error {
+	if err := validate(source, target); err != nil {
+		return err
+	}
+	fi, err := os.Stat(source)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("bind mount source %s is not a directory", source)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mt, ok := m.mounts[target]; ok {
+		if mt.kind == kindBind && mt.source == source {
+			mt.readOnly = readOnly
+			return nil
+		}
+		return fmt.Errorf("%s is mounted, not from %s: %w", target, source, mounter.ErrBusy)
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return err
+	}
+	mt := &mount{kind: kindBind, source: source, readOnly: readOnly}
+	if src, ok := m.mounts[source]; ok {
+		mt.device, mt.fsType = src.device, src.fsType
+		mt.readOnly = readOnly || src.readOnly
+	}
+	m.add(target, mt)
+	return nil
+}
+
+// BindMountDevice bind-mounts a block device on a file; see
+// mounter.Mounter. The target file is created; the device is not opened.
+func (m *Mounter) BindMountDevice(ctx context.Context, device, target string, readOnly bool) error {
+	if err := validate(device, target); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mt, ok := m.mounts[target]; ok {
+		if mt.kind == kindDevice && mt.device == device {
+			mt.readOnly = readOnly
+			return nil
+		}
+		return fmt.Errorf("%s is mounted, not from %s: %w", target, device, mounter.ErrBusy)
+	}
+	if fi, err := os.Stat(target); err == nil && fi.IsDir() {
+		return fmt.Errorf("target %s of a block device is a directory", target)
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	m.dev(device)
+	m.add(target, &mount{kind: kindDevice, device: device, source: device, readOnly: readOnly})
+	return nil
+}
+
+// Unmount forgets the mount at target and removes the target; see
+// mounter.Mounter. A target the fake mounted goes with what was written
+// into it; any other target is removed only if empty, as the real one does.
+func (m *Mounter) Unmount(ctx context.Context, target string) error {
+	if err := mounter.ValidatePath(target); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, mounted := m.mounts[target]
+	delete(m.mounts, target)
+	var err error
+	if mounted {
+		err = os.RemoveAll(target)
+	} else {
+		err = os.Remove(target)
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %s after unmounting it: %w", target, err)
+	}
+	return nil
+}
+
+// IsMounted reports whether the fake mounted something at path.
+func (m *Mounter) IsMounted(ctx context.Context, path string) (bool, error) {
+	if err := mounter.ValidatePath(path); err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.mounts[path]
+	return ok, nil
+}
+
+// DeviceOf returns the device behind the mount at path; see
+// mounter.Mounter. A bind of a directory that is no mount reports "none".
+func (m *Mounter) DeviceOf(ctx context.Context, path string) (string, error) {
+	if err := mounter.ValidatePath(path); err != nil {
+		return "", err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mt, ok := m.mounts[path]
+	if !ok {
+		return "", fmt.Errorf("%s: %w", path, mounter.ErrNotMounted)
+	}
+	if mt.device == "" {
+		return "none", nil
+	}
+	return mt.device, nil
+}
+
+// Filesystem reports the filesystem the fake formatted on device, "" when
+// blank; an injected probe failure is ErrProbeFailed.
+func (m *Mounter) Filesystem(ctx context.Context, device string) (string, error) {
+	if err := mounter.ValidatePath(device); err != nil {
+		return "", err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, err := m.probe(device)
+	if err != nil {
+		return "", err
+	}
+	return d.fsType, nil
+}
+
+// DeviceSize returns the size of a device (DefaultDeviceSize unless set).
+func (m *Mounter) DeviceSize(ctx context.Context, device string) (int64, error) {
+	if err := mounter.ValidatePath(device); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.dev(device).size, nil
+}
+
+// GrowFilesystem grows the filesystem of device mounted at path to the
+// device's size; see mounter.Mounter.
+func (m *Mounter) GrowFilesystem(ctx context.Context, device, path string) (bool, error) {
+	if err := validate(device, path); err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mt, ok := m.mounts[path]
+	if !ok {
+		return false, fmt.Errorf("%s: %w", path, mounter.ErrNotMounted)
+	}
+	if mt.device != device || mt.kind == kindDevice {
+		return false, fmt.Errorf("%s is not mounted from %s: %w", path, device, mounter.ErrBusy)
+	}
+	d, err := m.probe(device)
+	if err != nil {
+		return false, err
+	}
+	if mt.readOnly || d.fsBytes >= d.size {
+		return false, nil
+	}
+	d.fsBytes = d.size
+	return true, nil
+}
+
+// Stats reports plausible usage of the mount at path: the filesystem's size,
+// a fixed overhead plus what was written into the target, and inodes in
+// proportion; a block device reports its size.
+func (m *Mounter) Stats(ctx context.Context, path string) (mounter.Stats, error) {
+	if err := mounter.ValidatePath(path); err != nil {
+		return mounter.Stats{}, err
+	}
+	m.mu.Lock()
+	mt, ok := m.mounts[path]
+	var d device
+	if ok && mt.device != "" {
+		d = *m.dev(mt.device)
+	}
+	m.mu.Unlock()
+	if !ok {
+		return mounter.Stats{}, fmt.Errorf("%s: %w", path, mounter.ErrNotMounted)
+	}
+	if mt.kind == kindDevice {
+		return mounter.Stats{TotalBytes: d.size, Block: true}, nil
+	}
+	total := d.fsBytes
+	if mt.device == "" {
+		total = DefaultDeviceSize
+	}
+	written, files, err := usage(path)
+	if err != nil {
+		return mounter.Stats{}, err
+	}
+	used := min(total/overheadFraction+written, total)
+	inodes := max(total/bytesPerInode, freshInodes+files)
+	return mounter.Stats{
+		TotalBytes:     total,
+		UsedBytes:      used,
+		AvailableBytes: total - used,
+		TotalInodes:    inodes,
+		UsedInodes:     freshInodes + files,
+		FreeInodes:     inodes - freshInodes - files,
+	}, nil
+}
+
+// usage sums the sizes and counts the entries under dir.
+func usage(dir string) (bytes, entries int64, err error) {
+	err = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == dir {
+			return nil
+		}
+		entries++
+		if e.Type().IsRegular() {
+			fi, err := e.Info()
+			if err != nil {
+				return err
+			}
+			bytes += fi.Size()
+		}
+		return nil
+	})
+	return bytes, entries, err
+}
+
+// List returns what the fake has mounted, in the order it was mounted.
+func (m *Mounter) List(ctx context.Context) ([]mounter.MountPoint, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]mounter.MountPoint, 0, len(m.mounts))
+	for target, mt := range m.mounts {
+		opts := []string{"rw"}
+		if mt.readOnly {
+			opts[0] = "ro"
+		}
+		opts = append(opts, mt.options...)
+		device := mt.device
+		if device == "" {
+			device = "none"
+		}
+		root := "/"
+		if mt.kind == kindBind {
+			root = mt.source
+		}
+		out = append(out, mounter.MountPoint{Device: device, Path: target, Type: mt.fsType, Root: root, Options: opts})
+	}
+	slices.SortFunc(out, func(a, b mounter.MountPoint) int { return m.mounts[a.Path].seq - m.mounts[b.Path].seq })
+	return out, nil
+}
+
+func validate(paths ...string) error {
+	for _, p := range paths {
+		if err := mounter.ValidatePath(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,599 @@
+package mounter
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+	mountutils "k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
+)
+
+// Linux is the Mounter of the machine csid runs on; it needs root.
+//
+// Filesystems are mounted by mount(8) through k8s.io/mount-utils, which
+// parses the options ("noatime", "nouuid", ...) as users expect. Bind
+// mounts and unmounts are made with mount(2), umount(2) and
+// mount_setattr(2) directly: the same result as mount(8) (a test compares
+// the mount tables) at a fraction of the cost (docs/benchmarks.md), and the
+// read-only step changes the read-only flag alone. Filesystems grow with
+// mount-utils' ResizeFs (resize2fs, xfs_growfs). The mount table is read
+// from /proc/self/mountinfo with github.com/moby/sys/mountinfo, which
+// unescapes paths with spaces.
+//
+// A Linux is safe for concurrent use; callers serialise the calls that
+// concern one device or one target (csid's engine runs one operation per
+// volume at a time).
+type Linux struct {
+	mount  mountutils.Interface
+	resize *mountutils.ResizeFs
+	run    runner
+}
+
+// runner runs a program with an argument list (never a shell) and returns
+// its standard output; a failure carries the exit status (ExitCode) and the
+// standard error.
+type runner func(ctx context.Context, name string, args ...string) ([]byte, error)
+
+var _ Mounter = (*Linux)(nil)
+
+// New returns the Mounter of this machine.
+func New() *Linux {
+	return newLinux(execRun)
+}
+
+func newLinux(run runner) *Linux {
+	return &Linux{
+		mount:  mountutils.NewWithoutSystemd(""),
+		resize: mountutils.NewResizeFs(utilexec.New()),
+		run:    run,
+	}
+}
+
+// execError is a failed command: its exit status and what it said.
+type execError struct {
+	cmd    string
+	err    error
+	stderr string
+}
+
+func (e *execError) Error() string {
+	if e.stderr == "" {
+		return fmt.Sprintf("%s: %v", e.cmd, e.err)
+	}
+	return fmt.Sprintf("%s: %v: %s", e.cmd, e.err, e.stderr)
+}
+
+func (e *execError) Unwrap() error { return e.err }
+
+func execRun(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, &execError{cmd: name + " " + strings.Join(args, " "), err: err, stderr: strings.TrimSpace(stderr.String())}
+	}
+	return out, nil
+}
+
+// mkfsArgs are the arguments of mkfs.<type> per supported filesystem.
+// Neither forces: the device has been proven blank, and should mkfs find a
+// signature the probe missed, mkfs.xfs refuses rather than overwrite it.
+var mkfsArgs = map[string][]string{
+	"ext4": {"-q", "-m", "0"}, // no blocks reserved for root on a volume
+	"ext3": {"-q", "-m", "0"},
+	"xfs":  {"-q"},
+}
+
+// FormatAndMount formats device if a successful probe finds it blank and
+// mounts it at target; see Mounter. A blank device is not formatted for a
+// read-only mount ("ro" among the options): that is an error.
+//
+// An ext3/ext4 filesystem smaller than its device (the disk grew while
+// detached) is grown before it is mounted read-write: e2fsck -f -p, then
+// resize2fs on the unmounted device. Offline growth is the natural step of
+// an offline expansion, handles what online growth cannot (no reserved
+// descriptor blocks left), and needs no CAP_SYS_RESOURCE, which ext4's
+// online resize does and some container runtimes drop. xfs grows only
+// online: GrowFilesystem after the mount.
+func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error {
+	if err := validatePaths(device, target); err != nil {
+		return err
+	}
+	if fsType == "" {
+		fsType = "ext4"
+	}
+	if _, ok := mkfsArgs[fsType]; !ok {
+		return fmt.Errorf("filesystem %q: csid formats ext4, ext3 and xfs", fsType)
+	}
+	mounted, err := m.IsMounted(ctx, target)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		same, err := mountedFrom(device, target)
+		if err != nil {
+			return err
+		}
+		if !same {
+			return fmt.Errorf("%s is mounted, not from %s: %w", target, device, ErrBusy)
+		}
+		return nil
+	}
+	existing, err := m.Filesystem(ctx, device)
+	if err != nil {
+		return err
+	}
+	switch existing {
+	case "":
+		if slices.Contains(options, "ro") {
+			return fmt.Errorf("%s is blank and the mount is read-only: csid formats only for read-write mounts", device)
+		}
+		args := append(slices.Clone(mkfsArgs[fsType]), device)
+		if _, err := m.run(ctx, "mkfs."+fsType, args...); err != nil {
+			return fmt.Errorf("format %s as %s: %w", device, fsType, err)
+		}
+	case fsType:
+		if isExt(fsType) && !slices.Contains(options, "ro") {
+			if _, err := m.growExtOffline(ctx, device); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("%s holds %s, asked to mount %s: %w", device, existing, fsType, ErrFormatMismatch)
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return err
+	}
+	if err := m.mount.Mount(device, target, fsType, options); err != nil {
+		return fmt.Errorf("mount %s at %s: %w", device, target, err)
+	}
+	return nil
+}
+
+// BindMount bind-mounts the directory source at target; see Mounter. A
+// target already bound to source is brought to the asked read-only state
+// (a crash between the bind and the read-only step leaves it read-write).
+func (m *Linux) BindMount(ctx context.Context, source, target string, readOnly bool) error {
+	if err := validatePaths(source, target); err != nil {
+		return err
+	}
+	src, err := os.Stat(source)
+	if err != nil {
+		return err
+	}
+	if !src.IsDir() {
+		return fmt.Errorf("bind mount source %s is not a directory", source)
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return err
+	}
+	return m.bind(ctx, source, target, readOnly, func(tgt os.FileInfo) bool { return os.SameFile(src, tgt) })
+}
+
+// BindMountDevice bind-mounts the block device at target, a file it
+// creates; see Mounter.
+//
+// A read-only bind mount keeps the mount from being written through, but
+// not the device: Linux lets a device node on a read-only mount be opened
+// for writing. Read-only raw block volumes need the device itself read-only.
+func (m *Linux) BindMountDevice(ctx context.Context, device, target string, readOnly bool) error {
+	if err := validatePaths(device, target); err != nil {
+		return err
+	}
+	dev, err := os.Stat(device)
+	if err != nil {
+		return err
+	}
+	if !isBlock(dev) {
+		return fmt.Errorf("%s is not a block device", device)
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		return err
+	}
+	if fi, err := os.Lstat(target); errors.Is(err, fs.ErrNotExist) {
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_RDONLY|unix.O_CLOEXEC, 0o640)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if f != nil {
+			f.Close()
+		}
+	} else if err != nil {
+		return err
+	} else if fi.IsDir() {
+		return fmt.Errorf("target %s of a block device is a directory", target)
+	}
+	return m.bind(ctx, device, target, readOnly, func(tgt os.FileInfo) bool {
+		return isBlock(tgt) && rdev(tgt) == rdev(dev)
+	})
+}
+
+// bind makes target a bind mount of source, or checks with same that it is
+// one already, and sets its read-only flag.
+func (m *Linux) bind(ctx context.Context, source, target string, readOnly bool, same func(target os.FileInfo) bool) error {
+	mounted, err := m.IsMounted(ctx, target)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		tgt, err := os.Stat(target)
+		if err != nil {
+			return err
+		}
+		if !same(tgt) {
+			return fmt.Errorf("%s is mounted, not from %s: %w", target, source, ErrBusy)
+		}
+		return setReadOnly(target, readOnly)
+	}
+	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind mount %s at %s: %w", source, target, err)
+	}
+	if err := setReadOnly(target, readOnly); err != nil {
+		// Never leave a writable mount where a read-only one was asked.
+		_ = unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		return err
+	}
+	return nil
+}
+
+// setReadOnly sets or clears the read-only flag of the mount at target and
+// nothing else.
+func setReadOnly(target string, readOnly bool) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(target, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", target, err)
+	}
+	if (st.Flags&unix.ST_RDONLY != 0) == readOnly {
+		return nil
+	}
+	attr := unix.MountAttr{}
+	if readOnly {
+		attr.Attr_set = unix.MOUNT_ATTR_RDONLY
+	} else {
+		attr.Attr_clr = unix.MOUNT_ATTR_RDONLY
+	}
+	err := unix.MountSetattr(unix.AT_FDCWD, target, 0, &attr)
+	if errors.Is(err, unix.ENOSYS) {
+		err = remountReadOnly(target, &st, readOnly)
+	}
+	if err != nil {
+		return fmt.Errorf("make %s read-only=%v: %w", target, readOnly, err)
+	}
+	return nil
+}
+
+// remountReadOnly is setReadOnly before Linux 5.12 (no mount_setattr): a
+// bind remount sets every per-mount flag, so it restates those the mount
+// has (st is its statfs), as mount(8) does.
+func remountReadOnly(target string, st *unix.Statfs_t, readOnly bool) error {
+	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND)
+	for stFlag, msFlag := range map[int64]uintptr{
+		unix.ST_NOSUID: unix.MS_NOSUID, unix.ST_NODEV: unix.MS_NODEV, unix.ST_NOEXEC: unix.MS_NOEXEC,
+		unix.ST_NOATIME: unix.MS_NOATIME, unix.ST_NODIRATIME: unix.MS_NODIRATIME, unix.ST_RELATIME: unix.MS_RELATIME,
+	} {
+		if int64(st.Flags)&stFlag != 0 {
+			flags |= msFlag
+		}
+	}
+	if readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	return unix.Mount("", target, "", flags, "")
+}
+
+// Unmount unmounts target (every mount stacked on it) and removes it; see
+// Mounter. A directory left with content after the unmount is not removed:
+// that is an error, never a recursive delete.
+func (m *Linux) Unmount(ctx context.Context, target string) error {
+	if err := ValidatePath(target); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(target); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	// Unmount until target is no mount point: mounts may be stacked on it.
+	// EINVAL is the kernel saying it is none; so it says for a symbolic
+	// link to a mount point, which csid does not follow.
+	const maxStacked = 16
+	for i := 0; ; i++ {
+		mounted, err := m.IsMounted(ctx, target)
+		if err != nil {
+			return err
+		}
+		if !mounted {
+			break
+		}
+		err = unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		if errors.Is(err, unix.EINVAL) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("unmount %s: %w", target, err)
+		}
+		if i == maxStacked {
+			return fmt.Errorf("unmount %s: still mounted after %d unmounts", target, maxStacked)
+		}
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %s after unmounting it: %w", target, err)
+	}
+	return nil
+}
+
+// IsMounted reports whether path is a mount point; see Mounter.
+func (m *Linux) IsMounted(ctx context.Context, path string) (bool, error) {
+	if err := ValidatePath(path); err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	mounted, err := mountinfo.Mounted(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("is %s mounted: %w", path, err)
+	}
+	return mounted, nil
+}
+
+// DeviceOf returns the device mounted at path; see Mounter. For a block
+// device bind-mounted on a file it is that device; for a filesystem (also
+// seen through a bind mount) the device holding it, as /dev/<name>; for a
+// filesystem without a device (tmpfs, ...) the source the mount table shows.
+func (m *Linux) DeviceOf(ctx context.Context, path string) (string, error) {
+	mounted, err := m.IsMounted(ctx, path)
+	if err != nil {
+		return "", err
+	}
+	if !mounted {
+		return "", fmt.Errorf("%s: %w", path, ErrNotMounted)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	dev := stDev(fi)
+	if isBlock(fi) {
+		dev = rdev(fi)
+	}
+	if name, ok := blockDeviceName(dev); ok {
+		return "/dev/" + name, nil
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", err
+	}
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(real))
+	if err != nil {
+		return "", err
+	}
+	if len(mounts) == 0 {
+		return "", fmt.Errorf("%s: %w", path, ErrNotMounted)
+	}
+	return mounts[len(mounts)-1].Source, nil // the last is the top of the stack
+}
+
+// blockDeviceName names the block device with number dev from sysfs.
+func blockDeviceName(dev uint64) (string, bool) {
+	raw, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", unix.Major(dev), unix.Minor(dev)))
+	if err != nil {
+		return "", false
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if name, ok := strings.CutPrefix(line, "DEVNAME="); ok && name != "" {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// DeviceSize returns the size of a block device; see Mounter.
+func (m *Linux) DeviceSize(ctx context.Context, device string) (int64, error) {
+	if err := ValidatePath(device); err != nil {
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	f, err := os.OpenFile(device, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if !isBlock(fi) {
+		return 0, fmt.Errorf("%s is not a block device", device)
+	}
+	return f.Seek(0, io.SeekEnd)
+}
+
+// GrowFilesystem grows the filesystem of device mounted at path to fill the
+// device; see Mounter. ext3/ext4 are grown by resize2fs only when the
+// device is larger than the filesystem; xfs_growfs is asked every time (it
+// does nothing when there is nothing to do). It reports whether the
+// filesystem's size grew. A filesystem mounted read-only cannot grow online:
+// (false, nil). path not mounted is ErrNotMounted; mounted from another
+// device, ErrBusy.
+func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, error) {
+	if err := validatePaths(device, path); err != nil {
+		return false, err
+	}
+	mounted, err := m.IsMounted(ctx, path)
+	if err != nil {
+		return false, err
+	}
+	if !mounted {
+		return false, fmt.Errorf("%s: %w", path, ErrNotMounted)
+	}
+	same, err := mountedFrom(device, path)
+	if err != nil {
+		return false, err
+	}
+	if !same {
+		return false, fmt.Errorf("%s is not mounted from %s: %w", path, device, ErrBusy)
+	}
+	fsType, err := m.Filesystem(ctx, device)
+	if err != nil {
+		return false, err
+	}
+	var before unix.Statfs_t
+	if err := unix.Statfs(path, &before); err != nil {
+		return false, err
+	}
+	if before.Flags&unix.ST_RDONLY != 0 {
+		return false, nil
+	}
+	if isExt(fsType) {
+		// ext4 keeps its superblock in the device's page cache, so it
+		// reads current even while mounted: skip resize2fs when there is
+		// nothing to do, and say clearly when it cannot be done here.
+		fsBytes, err := extSize(device)
+		if err != nil {
+			return false, err
+		}
+		devBytes, err := m.DeviceSize(ctx, device)
+		if err != nil {
+			return false, err
+		}
+		if devBytes-fsBytes < 1<<20 {
+			return false, nil
+		}
+		if !capable(unix.CAP_SYS_RESOURCE) {
+			return false, fmt.Errorf("grow the filesystem of %s at %s: online growth of ext4 needs CAP_SYS_RESOURCE, which this process lacks; unmount it and mount it again (FormatAndMount grows it offline)", device, path)
+		}
+	}
+	if _, err := m.resize.Resize(device, path); err != nil {
+		return false, fmt.Errorf("grow the filesystem of %s at %s: %w", device, path, err)
+	}
+	var after unix.Statfs_t
+	if err := unix.Statfs(path, &after); err != nil {
+		return false, err
+	}
+	return after.Blocks*uint64(after.Bsize) > before.Blocks*uint64(before.Bsize), nil
+}
+
+// Stats reports the usage of the filesystem mounted at path, or the size of
+// the block device mounted there; see Mounter. A path that is not a mount
+// point is ErrNotMounted (statfs would report the file system around it).
+func (m *Linux) Stats(ctx context.Context, path string) (Stats, error) {
+	mounted, err := m.IsMounted(ctx, path)
+	if err != nil {
+		return Stats{}, err
+	}
+	if !mounted {
+		return Stats{}, fmt.Errorf("%s: %w", path, ErrNotMounted)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return Stats{}, err
+	}
+	if isBlock(fi) {
+		size, err := m.DeviceSize(ctx, path)
+		if err != nil {
+			return Stats{}, err
+		}
+		return Stats{TotalBytes: size, Block: true}, nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return Stats{}, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	bsize := int64(st.Bsize)
+	return Stats{
+		TotalBytes:     int64(st.Blocks) * bsize,
+		AvailableBytes: int64(st.Bavail) * bsize,
+		UsedBytes:      int64(st.Blocks-st.Bfree) * bsize,
+		TotalInodes:    int64(st.Files),
+		FreeInodes:     int64(st.Ffree),
+		UsedInodes:     int64(st.Files - st.Ffree),
+	}, nil
+}
+
+// List returns the mount table of this process's mount namespace; see
+// Mounter.
+func (m *Linux) List(ctx context.Context) ([]MountPoint, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	infos, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MountPoint, 0, len(infos))
+	for _, in := range infos {
+		out = append(out, MountPoint{
+			Device:  in.Source,
+			Path:    in.Mountpoint,
+			Type:    in.FSType,
+			Root:    in.Root,
+			Options: strings.Split(in.Options, ","),
+		})
+	}
+	return out, nil
+}
+
+// mountedFrom reports whether the filesystem mounted at target lives on
+// device (compared by device number, whatever the path names it).
+func mountedFrom(device, target string) (bool, error) {
+	dev, err := os.Stat(device)
+	if err != nil {
+		return false, err
+	}
+	if !isBlock(dev) {
+		return false, fmt.Errorf("%s is not a block device", device)
+	}
+	tgt, err := os.Stat(target)
+	if err != nil {
+		return false, err
+	}
+	return stDev(tgt) == rdev(dev), nil
+}
+
+// capable reports whether this process has capability c in its effective
+// set.
+func capable(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[c/32].Effective&(1<<(c%32)) != 0
+}
+
+func isBlock(fi os.FileInfo) bool {
+	return fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0
+}
+
+func rdev(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Rdev
+	}
+	return 0
+}
+
+func stDev(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Dev
+	}
+	return 0
+}
