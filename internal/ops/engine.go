@@ -351,12 +351,7 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 				return err
 			}
 			opCopy, volCopy := *op, *vol
-			tx.OnCommit(func() {
-				crash.Point(crash.OpsQueued)
-				e.mu.Lock()
-				f = e.launchLocked(&opCopy, &volCopy)
-				e.mu.Unlock()
-			})
+			tx.OnCommit(func() { f = e.launchAccepted(&opCopy, &volCopy) })
 		case join, waitThenReplan, cancelThenReplan:
 			seq := d.seq
 			tx.OnCommit(func() { f = e.flight(seq) })
@@ -391,6 +386,20 @@ func (e *Engine) isClosed() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.closed
+}
+
+// launchAccepted starts the worker of an op its transaction has just
+// accepted. It runs in the commit hook: the op is durable, nothing of it has
+// run yet (crash point ops.queued). An op accepted while Close runs is left
+// queued for the next start.
+func (e *Engine) launchAccepted(op *store.Op, v *store.Volume) *flight {
+	crash.Point(crash.OpsQueued)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	return e.launchLocked(op, v)
 }
 
 // launchLocked registers a flight for op and starts its worker. e.mu held.

@@ -142,6 +142,24 @@ func inFlight(active *store.Op, e fsm.Event, fp string) (decision, error) {
 		active.VolumeID, active.Seq, active.Event)
 }
 
+// undoing reports whether the op in flight is the inverse of event e: a
+// request that the record shows satisfied is not, while its inverse runs.
+// Any other op in flight leaves the answer standing (a CO's retry of a
+// publish is answered while the node stages the volume).
+func undoing(active *store.Op, e fsm.Event) bool {
+	inv, _ := fsm.Inverse(e)
+	return active != nil && active.Event == inv
+}
+
+// undoingTarget is undoing for one target path of node_publish.
+func undoingTarget(active *store.Op, target string) bool {
+	if !undoing(active, fsm.NodePublish) {
+		return false
+	}
+	a, err := DecodeArgs[NodeUnpublishArgs](active)
+	return err != nil || a.TargetPath == target
+}
+
 // negates reports whether a request for e negates the active op: the
 // active op is e's forward event on the same slot.
 func negates(active *store.Op, e fsm.Event, sameSlot bool) bool {
@@ -230,14 +248,7 @@ func (p *planner) planControllerPublish(req Request, v *store.Volume, active *st
 		return rejectf(codes.NotFound, "volume %s does not exist", req.VolumeID)
 	}
 	want := capFingerprint(a.Capability, a.ReadOnly)
-	if active != nil {
-		if active.Event == fsm.Expand {
-			return decision{kind: waitThenReplan, seq: active.Seq,
-				why: fmt.Sprintf("volume %s is being resized (operation %d); it is attached once the resize has finished; retry", v.ID, active.Seq)}, nil
-		}
-		return inFlight(active, fsm.ControllerPublish, fp)
-	}
-	if att := v.Attachment; att != nil {
+	if att := v.Attachment; att != nil && !undoing(active, fsm.ControllerPublish) {
 		switch {
 		case att.Node != a.Node:
 			return rejectf(codes.FailedPrecondition, "volume %s is published to node %s; it can be attached to one node at a time", v.ID, att.Node)
@@ -245,6 +256,13 @@ func (p *planner) planControllerPublish(req Request, v *store.Volume, active *st
 			return rejectf(codes.AlreadyExists, "volume %s is published to node %s with another capability or read-only flag", v.ID, a.Node)
 		}
 		return doneWith(v)
+	}
+	if active != nil {
+		if active.Event == fsm.Expand {
+			return decision{kind: waitThenReplan, seq: active.Seq,
+				why: fmt.Sprintf("volume %s is being resized (operation %d); it is attached once the resize has finished; retry", v.ID, active.Seq)}, nil
+		}
+		return inFlight(active, fsm.ControllerPublish, fp)
 	}
 	if _, err := fsm.Next(v.State, fsm.ControllerPublish, fsm.NoGuard); err != nil {
 		return rejectf(codes.FailedPrecondition, "volume %s is %s; it cannot be published now", v.ID, v.State)
@@ -277,10 +295,12 @@ func (p *planner) planControllerUnpublish(req Request, v *store.Volume, active *
 					why: fmt.Sprintf("cancelling publish operation %d of volume %s", active.Seq, v.ID)}, nil
 			}
 		}
-		return inFlight(active, fsm.ControllerUnpublish, fp)
 	}
 	if v.Attachment == nil || (a.Node != "" && a.Node != v.Attachment.Node) {
 		return doneWith(v)
+	}
+	if active != nil {
+		return inFlight(active, fsm.ControllerUnpublish, fp)
 	}
 	if _, err := fsm.Next(v.State, fsm.ControllerUnpublish, fsm.NoGuard); err != nil {
 		return rejectf(codes.FailedPrecondition, "volume %s is still %s on node %s; unpublish and unstage it on the node first",
@@ -295,10 +315,7 @@ func (p *planner) planNodeStage(req Request, v *store.Volume, active *store.Op, 
 		return rejectf(codes.NotFound, "volume %s does not exist on this node", req.VolumeID)
 	}
 	want := capFingerprint(a.Capability)
-	if active != nil {
-		return inFlight(active, fsm.NodeStage, fp)
-	}
-	if st := v.Stage; st != nil {
+	if st := v.Stage; st != nil && !undoing(active, fsm.NodeStage) {
 		switch {
 		case st.Path != a.StagingPath:
 			return rejectf(codes.FailedPrecondition, "volume %s is staged at %s, not at %s", v.ID, st.Path, a.StagingPath)
@@ -306,6 +323,9 @@ func (p *planner) planNodeStage(req Request, v *store.Volume, active *store.Op, 
 			return rejectf(codes.AlreadyExists, "volume %s is staged at %s with another capability", v.ID, st.Path)
 		}
 		return doneWith(v)
+	}
+	if active != nil {
+		return inFlight(active, fsm.NodeStage, fp)
 	}
 	if p.nodeID != "" && v.Node() != "" && v.Node() != p.nodeID {
 		return rejectf(codes.FailedPrecondition, "volume %s is published to node %s, not to this node (%s)", v.ID, v.Node(), p.nodeID)
@@ -332,10 +352,12 @@ func (p *planner) planNodeUnstage(req Request, v *store.Volume, active *store.Op
 					why: fmt.Sprintf("cancelling stage operation %d of volume %s", active.Seq, v.ID)}, nil
 			}
 		}
-		return inFlight(active, fsm.NodeUnstage, fp)
 	}
 	if v.Stage == nil || v.Stage.Path != a.StagingPath {
 		return doneWith(v)
+	}
+	if active != nil {
+		return inFlight(active, fsm.NodeUnstage, fp)
 	}
 	if _, err := fsm.Next(v.State, fsm.NodeUnstage, fsm.NoGuard); err != nil {
 		return rejectf(codes.FailedPrecondition, "volume %s is still published at %d target(s); NodeUnpublishVolume them first",
@@ -350,14 +372,14 @@ func (p *planner) planNodePublish(req Request, v *store.Volume, active *store.Op
 		return rejectf(codes.NotFound, "volume %s does not exist on this node", req.VolumeID)
 	}
 	want := capFingerprint(a.Capability, a.ReadOnly, a.StagingPath)
-	if active != nil {
-		return inFlight(active, fsm.NodePublish, fp)
-	}
-	if t, ok := v.Targets[a.TargetPath]; ok {
+	if t, ok := v.Targets[a.TargetPath]; ok && !undoingTarget(active, a.TargetPath) {
 		if t.Fingerprint != want {
 			return rejectf(codes.AlreadyExists, "volume %s is published at %s with another capability or read-only flag", v.ID, a.TargetPath)
 		}
 		return doneWith(v)
+	}
+	if active != nil {
+		return inFlight(active, fsm.NodePublish, fp)
 	}
 	if !fsm.Legal(v.State, fsm.NodePublish) {
 		return rejectf(codes.FailedPrecondition, "volume %s is %s: NodeStageVolume must succeed before NodePublishVolume", v.ID, v.State)
@@ -384,10 +406,12 @@ func (p *planner) planNodeUnpublish(req Request, v *store.Volume, active *store.
 					why: fmt.Sprintf("cancelling publish operation %d of volume %s", active.Seq, v.ID)}, nil
 			}
 		}
-		return inFlight(active, fsm.NodeUnpublish, fp)
 	}
 	if _, ok := v.Targets[a.TargetPath]; !ok {
 		return doneWith(v)
+	}
+	if active != nil {
+		return inFlight(active, fsm.NodeUnpublish, fp)
 	}
 	guard := fsm.OtherTargets
 	if len(v.Targets) == 1 {

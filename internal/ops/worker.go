@@ -313,9 +313,7 @@ func (e *Engine) succeed(f *flight, res Result, started time.Time, log zerolog.L
 		tx.OnCommit(func() {
 			e.deliver(f, out, nil)
 			if next != nil {
-				e.mu.Lock()
-				e.launchLocked(next, &nextVol)
-				e.mu.Unlock()
+				e.launchAccepted(next, &nextVol)
 			}
 		})
 		return nil
@@ -504,13 +502,7 @@ func (e *Engine) startQueuedResize(id string, now time.Time) error {
 			return err
 		}
 		vol := *v
-		tx.OnCommit(func() {
-			e.mu.Lock()
-			if !e.closed {
-				e.launchLocked(op, &vol)
-			}
-			e.mu.Unlock()
-		})
+		tx.OnCommit(func() { e.launchAccepted(op, &vol) })
 		return nil
 	})
 }
