@@ -2,10 +2,7 @@ package ops
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -353,11 +350,4 @@ func waitEntered(t testing.TB, x *fakeExec, want string) {
 	}
 }
 
-func errorsAs[T error](err error) (T, bool) {
-	var target T
-	ok := errors.As(err, &target)
-	return target, ok
-}
 
-var _ = slices.Contains[[]string]
-var _ = fmt.Sprint

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // SchemaVersion is the layout this build reads and writes.
@@ -191,7 +192,7 @@ func openBolt(path string, o *bolt.Options) (*bolt.DB, error) {
 	if err == nil {
 		return db, nil
 	}
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, &LockedError{Path: path, Holder: lockHolder(path)}
 	}
 	if errors.Is(err, os.ErrPermission) || errors.Is(err, os.ErrNotExist) {
