@@ -151,6 +151,7 @@ type harness struct {
 	ex    *fakeExec
 	clock Clock
 	cfg   func(*Config)
+	sopts store.Options
 }
 
 func newHarness(t testing.TB, tweak ...func(*Config)) *harness {
@@ -166,7 +167,7 @@ func newHarness(t testing.TB, tweak ...func(*Config)) *harness {
 }
 
 func (h *harness) start() {
-	st, err := store.Open(h.path, store.Options{})
+	st, err := store.Open(h.path, h.sopts)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -191,6 +192,13 @@ func (h *harness) stop() {
 	}
 	h.st.Close()
 	h.eng = nil
+}
+
+// restartWith restarts with other store options.
+func (h *harness) restartWith(o store.Options) {
+	h.stop()
+	h.sopts = o
+	h.start()
 }
 
 // restart simulates a process restart: a new engine on the same file.
@@ -349,5 +357,3 @@ func waitEntered(t testing.TB, x *fakeExec, want string) {
 		t.Fatalf("executor never entered %q", want)
 	}
 }
-
-

@@ -523,19 +523,4 @@ func mergeResize(r *store.Resize, id string, size int64, now time.Time) *store.R
 	return &m
 }
 
-func cloneVolume(v *store.Volume) *store.Volume {
-	c := *v
-	c.Parameters = maps.Clone(v.Parameters)
-	c.Targets = maps.Clone(v.Targets)
-	if v.Attachment != nil {
-		a := *v.Attachment
-		a.PublishContext = maps.Clone(v.Attachment.PublishContext)
-		c.Attachment = &a
-	}
-	if v.Stage != nil {
-		s := *v.Stage
-		c.Stage = &s
-	}
-	c.Capability.MountFlags = slices.Clone(v.Capability.MountFlags)
-	return &c
-}
+func cloneVolume(v *store.Volume) *store.Volume { return v.Clone() }

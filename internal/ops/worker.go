@@ -62,16 +62,6 @@ func (e *Engine) run(f *flight) {
 	exec := e.cfg.Executors[op.Event]
 	started := e.cfg.Clock.Now()
 
-	select {
-	case e.sem <- struct{}{}:
-	case <-f.ctx.Done():
-		e.interrupted(f, x, exec, log)
-		return
-	case <-e.draining:
-		e.abandon(f, log)
-		return
-	}
-	defer func() { <-e.sem }()
 	if exec == nil {
 		e.fail(f, x, nil, Errorf(codes.Unimplemented, "no executor for %s in this mode", op.Event), false, log)
 		return
@@ -81,14 +71,20 @@ func (e *Engine) run(f *flight) {
 		return
 	}
 	for {
+		// A slot bounds the effects running at once; it is held for the
+		// effect only, not through backoff or the commit.
 		select {
+		case e.sem <- struct{}{}:
+		case <-f.ctx.Done():
+			e.interrupted(f, x, exec, log)
+			return
 		case <-e.draining:
 			e.abandon(f, log)
 			return
-		default:
 		}
 		crash.Point(crash.OpsBeforeEffect)
 		res, err := exec.Execute(f.ctx, x)
+		<-e.sem
 		if err == nil {
 			crash.Point(crash.OpsBeforeCommit)
 			e.succeed(f, res, started, log)
@@ -202,7 +198,14 @@ func (e *Engine) fail(f *flight, x *Exec, exec Executor, oe *Error, transient bo
 		log.Warn().Str("reason", oe.Msg).Msg("op failed; compensating")
 		ctx := e.base // a negation cancelled f.ctx; compensation must still run
 		for attempt := 1; ; attempt++ {
+			select {
+			case e.sem <- struct{}{}:
+			case <-e.draining:
+				e.abandon(f, log)
+				return
+			}
 			err := exec.Compensate(ctx, x)
+			<-e.sem
 			if err == nil {
 				break
 			}

@@ -92,6 +92,8 @@ type Store struct {
 	path     string
 	opts     Options
 	readOnly bool
+	// volumes caches decoded volume records by their encoded bytes.
+	volumes volumeCache
 
 	calls   chan *call
 	closing chan struct{}

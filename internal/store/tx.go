@@ -62,9 +62,26 @@ func checkID(id string) error {
 	return nil
 }
 
-// Volume returns the volume with this id, or nil when there is none.
+// Volume returns the volume with this id, or nil when there is none. The
+// caller owns the returned record.
 func (t *Tx) Volume(id string) (*Volume, error) {
-	return get[Volume](t.tx.Bucket(bucketVolumes), []byte(id))
+	raw := t.tx.Bucket(bucketVolumes).Get([]byte(id))
+	if raw == nil {
+		return nil, nil
+	}
+	return t.s.volumes.decode(raw)
+}
+
+func (t *Tx) putVolume(v *Volume) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := t.tx.Bucket(bucketVolumes).Put([]byte(v.ID), raw); err != nil {
+		return err
+	}
+	t.s.volumes.remember(raw, v)
+	return nil
 }
 
 // VolumeIDByName returns the id of the volume created with this name, or "".
@@ -165,7 +182,7 @@ func (t *Tx) Accept(v *Volume, op *Op) error {
 			return err
 		}
 	}
-	return put(t.tx.Bucket(bucketVolumes), []byte(v.ID), v)
+	return t.putVolume(v)
 }
 
 // UpdateOp rewrites an active op (its attempts, last error, checkpoints or
@@ -204,7 +221,7 @@ func (t *Tx) Finish(v *Volume, op *Op, h HistoryEntry) error {
 	if v.State == fsm.Absent {
 		return t.remove(v)
 	}
-	if err := put(t.tx.Bucket(bucketVolumes), []byte(v.ID), v); err != nil {
+	if err := t.putVolume(v); err != nil {
 		return err
 	}
 	return t.AppendHistory(v.ID, h)
@@ -225,7 +242,7 @@ func (t *Tx) Adopt(v *Volume, h HistoryEntry) error {
 			return err
 		}
 	}
-	if err := put(t.tx.Bucket(bucketVolumes), []byte(v.ID), v); err != nil {
+	if err := t.putVolume(v); err != nil {
 		return err
 	}
 	return t.AppendHistory(v.ID, h)
