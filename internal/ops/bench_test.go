@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,11 +62,34 @@ func BenchmarkSubmit(b *testing.B) {
 }
 
 func benchSubmit(b *testing.B, existing, conc int) {
+	eng := newBenchEngine(b, existing, conc)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for k := 0; next.Add(1) <= int64(b.N); k++ {
+				if err := toggle(eng, w, k); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// newBenchEngine opens a store with `existing` idle volumes plus `workers`
+// volumes for the benchmark's workers, and starts an engine on it.
+func newBenchEngine(b *testing.B, existing, workers int) *Engine {
 	st, err := store.Open(filepath.Join(b.TempDir(), "csid.db"), store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer st.Close()
+	b.Cleanup(func() { st.Close() })
 	now := time.Now()
 	adopt := func(from, to int, prefix string) {
 		for lo := from; lo < to; lo += 1000 {
@@ -85,34 +109,109 @@ func benchSubmit(b *testing.B, existing, conc int) {
 		}
 	}
 	adopt(0, existing, "vol-bg")
-	adopt(0, conc, "vol-bench")
+	adopt(0, workers, "vol-bench")
 	eng := New(Config{Store: st, Executors: allEvents(noopExec{}), NodeID: "node-1", Log: zerolog.Nop()})
-	ctx := context.Background()
-	if err := eng.Start(ctx); err != nil {
+	if err := eng.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	defer eng.Close(ctx)
+	b.Cleanup(func() { eng.Close(context.Background()) })
+	return eng
+}
 
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	for w := 0; w < conc; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			id := fmt.Sprintf("vol-bench-%06d", w)
-			for k := 0; next.Add(1) <= int64(b.N); k++ {
-				req := publishReq(id, "node-1")
-				if k%2 == 1 {
-					req = unpublishReq(id)
-				}
-				if _, err := eng.Submit(ctx, req); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		}(w)
+// toggle is worker w's k-th op: publish, then unpublish, alternately.
+func toggle(eng *Engine, w, k int) error {
+	id := fmt.Sprintf("vol-bench-%06d", w)
+	req := publishReq(id, "node-1")
+	if k%2 == 1 {
+		req = unpublishReq(id)
 	}
-	wg.Wait()
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	_, err := eng.Submit(context.Background(), req)
+	return err
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// BenchmarkRatioConc1 measures the ratios of issue 2's targets at
+// concurrency 1 in one run, interleaved op by op so that the machine's
+// drifting load hits all three alike: Submit -> outcome with 0 and with
+// 10,000 other volumes, and the bare bbolt Update floor. It reports the
+// medians and their ratios.
+func BenchmarkRatioConc1(b *testing.B) {
+	eng0, eng10k := newBenchEngine(b, 0, 1), newBenchEngine(b, 10000, 1)
+	db, err := bolt.Open(filepath.Join(b.TempDir(), "floor.db"), 0o600, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	_ = db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucketIfNotExists([]byte("b")); return err })
+	var t0, t10k, tf []time.Duration
+	key := make([]byte, 8)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if err := toggle(eng0, 0, i); err != nil {
+			b.Fatal(err)
+		}
+		t0 = append(t0, time.Since(start))
+		start = time.Now()
+		if err := toggle(eng10k, 0, i); err != nil {
+			b.Fatal(err)
+		}
+		t10k = append(t10k, time.Since(start))
+		binary.BigEndian.PutUint64(key, uint64(i))
+		start = time.Now()
+		if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("b")).Put(key, key) }); err != nil {
+			b.Fatal(err)
+		}
+		tf = append(tf, time.Since(start))
+	}
+	m0, m10k, mf := median(t0), median(t10k), median(tf)
+	b.ReportMetric(float64(mf.Microseconds()), "floor-µs")
+	b.ReportMetric(float64(m0.Microseconds()), "submit-µs")
+	b.ReportMetric(float64(m10k.Microseconds()), "submit10k-µs")
+	b.ReportMetric(float64(mf)/float64(m0), "x-floor")
+	b.ReportMetric(float64(m10k)/float64(m0), "x-10k")
+}
+
+// BenchmarkRatioConc64 measures throughput at concurrency 64 against
+// concurrency 1, and at 10,000 volumes against 0, in alternating bursts
+// (one of each per iteration), and reports the ratios of the median burst
+// throughputs.
+func BenchmarkRatioConc64(b *testing.B) {
+	const conc, perWorker = 64, 8
+	eng0, eng10k := newBenchEngine(b, 0, conc), newBenchEngine(b, 10000, conc)
+	burst := func(eng *Engine, workers, ops int, round int) float64 {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for k := 0; k < ops; k++ {
+					if err := toggle(eng, w, round*ops+k); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}(w)
+		}
+		wg.Wait()
+		return float64(workers*ops) / time.Since(start).Seconds()
+	}
+	var c1, c64, c64k []float64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c64 = append(c64, burst(eng0, conc, perWorker, i))
+		c64k = append(c64k, burst(eng10k, conc, perWorker, i))
+		c1 = append(c1, burst(eng0, 1, 2*perWorker, i))
+	}
+	med := func(x []float64) float64 { s := slices.Clone(x); slices.Sort(s); return s[len(s)/2] }
+	b.ReportMetric(med(c1), "conc1-ops/s")
+	b.ReportMetric(med(c64), "conc64-ops/s")
+	b.ReportMetric(med(c64)/med(c1), "x-conc64")
+	b.ReportMetric(med(c64)/med(c64k), "x-10k")
 }

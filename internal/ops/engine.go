@@ -329,7 +329,7 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 			}
 		}
 		if d.note != nil {
-			if err := tx.AppendHistory(req.VolumeID, *d.note); err != nil {
+			if err := tx.AddNote(req.VolumeID, *d.note); err != nil {
 				return err
 			}
 		}

@@ -235,9 +235,7 @@ func (e *Engine) fail(f *flight, x *Exec, exec Executor, oe *Error, transient bo
 		}
 		o := *op
 		o.Status, o.Code, o.Message, o.FinishedAt = store.OpFailed, oe.Code.String(), oe.Msg, now
-		h := store.HistoryEntry{Time: now, Event: o.Event, Guard: o.Guard, From: v.State, To: v.State,
-			OpSeq: o.Seq, Generation: v.Generation, Outcome: "failed: " + oe.Msg}
-		if err := tx.Finish(v, &o, h); err != nil { // a failed create (ABSENT) leaves no record
+		if err := tx.Finish(v, &o); err != nil { // a failed create (ABSENT) leaves no record
 			return err
 		}
 		if o.Event == fsm.Expand {
@@ -273,7 +271,7 @@ func (e *Engine) settleFailedResize(tx *store.Tx, v *store.Volume, op *store.Op,
 		if err := tx.DeleteResize(v.ID); err != nil {
 			return err
 		}
-		return tx.AppendHistory(v.ID, store.HistoryEntry{Time: now, Event: fsm.Expand, From: v.State, To: v.State,
+		return tx.AddNote(v.ID, store.HistoryEntry{Time: now, Event: fsm.Expand, From: v.State, To: v.State,
 			OpSeq: op.Seq, Generation: v.Generation, Outcome: fmt.Sprintf("resize to %d bytes dropped: %s", r.TargetBytes, op.Message)})
 	}
 	r.Status, r.LastError, r.UpdatedAt = store.ResizeQueued, op.Message, now
@@ -299,9 +297,7 @@ func (e *Engine) succeed(f *flight, res Result, started time.Time, log zerolog.L
 		o := *op
 		o.Status, o.FinishedAt = store.OpSucceeded, now
 		o.Result, _ = json.Marshal(res)
-		h := store.HistoryEntry{Time: now, Event: o.Event, Guard: o.Guard, From: o.From, To: v.State,
-			OpSeq: o.Seq, Generation: v.Generation, Outcome: "ok"}
-		if err := tx.Finish(v, &o, h); err != nil {
+		if err := tx.Finish(v, &o); err != nil {
 			return err
 		}
 		next, err := e.chainResize(tx, v, now)

@@ -18,10 +18,13 @@ type call struct {
 // Update runs fn in a read-write transaction and returns once that
 // transaction is durably committed (or has failed).
 //
-// Concurrent callers share transactions: the committer takes every call
-// waiting when it becomes free and runs them one after another in one
-// transaction, so N callers pay for one fsync. A caller alone is committed
-// at once, without waiting for company.
+// Concurrent callers share transactions (group commit with a leader): a
+// caller that finds no commit in progress becomes the leader and commits,
+// on its own goroutine, every call waiting at that moment, its own
+// included; callers that arrive during that commit wait, and the next of
+// them to lead commits them together. A caller alone is committed at once,
+// without waiting for company and without handing off to another goroutine;
+// N callers arriving together pay for one fsync.
 //
 // The contract is that of bbolt's Batch: fn may run more than once (when
 // another fn in its transaction fails, the others are run again without
@@ -34,43 +37,56 @@ func (s *Store) Update(fn func(tx *Tx) error) error {
 		return ErrReadOnly
 	}
 	c := &call{fn: fn, done: make(chan error, 1)}
-	s.gateMu.RLock()
-	if s.gateClosed {
-		s.gateMu.RUnlock()
+	s.cmu.Lock()
+	if s.cclosed {
+		s.cmu.Unlock()
 		return ErrClosed
 	}
-	s.calls <- c
-	s.gateMu.RUnlock()
+	s.queue = append(s.queue, c)
+	if s.leading {
+		s.cmu.Unlock()
+		return <-c.done
+	}
+	s.leading = true
+	s.cmu.Unlock()
+	s.lead(true)
 	return <-c.done
 }
 
-// commitLoop is the single writer. It runs until Close has closed the calls
-// channel and every queued call has been served.
-func (s *Store) commitLoop() {
-	defer s.committer.Done()
-	go func() {
-		<-s.closing
-		s.gateMu.Lock()
-		s.gateClosed = true
-		close(s.calls)
-		s.gateMu.Unlock()
-	}()
-	batch := make([]*call, 0, s.opts.MaxBatch)
-	for c := range s.calls {
-		batch = append(batch[:0], c)
-	fill:
-		for len(batch) < s.opts.MaxBatch {
-			select {
-			case c, ok := <-s.calls:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, c)
-			default:
-				break fill
-			}
+// lead commits queued calls, one batch per transaction. Called with
+// s.leading set. A caller leading for itself commits one batch (which holds
+// its own call) and, if more calls queued up meanwhile, passes the lead to a
+// goroutine that drains them, so no caller waits for strangers' commits.
+func (s *Store) lead(caller bool) {
+	for {
+		s.cmu.Lock()
+		n := min(len(s.queue), s.opts.MaxBatch)
+		if n == 0 {
+			s.leading = false
+			s.idle.Broadcast()
+			s.cmu.Unlock()
+			return
 		}
+		batch := make([]*call, n)
+		copy(batch, s.queue)
+		s.queue = append(s.queue[:0], s.queue[n:]...)
+		s.cmu.Unlock()
+
 		s.commit(batch)
+
+		if caller {
+			s.cmu.Lock()
+			more := len(s.queue) > 0
+			if !more {
+				s.leading = false
+				s.idle.Broadcast()
+			}
+			s.cmu.Unlock()
+			if more {
+				go s.lead(false)
+			}
+			return
+		}
 	}
 }
 
@@ -110,4 +126,15 @@ func (s *Store) commit(batch []*call) {
 	if len(rest) > 0 {
 		s.commit(rest)
 	}
+}
+
+// drainCommits refuses new calls and waits until no commit is in progress
+// and none is queued.
+func (s *Store) drainCommits() {
+	s.cmu.Lock()
+	s.cclosed = true
+	for s.leading || len(s.queue) > 0 {
+		s.idle.Wait()
+	}
+	s.cmu.Unlock()
 }

@@ -59,10 +59,15 @@ type Volume struct {
 	Stage             *Stage            `json:"stage,omitempty"`
 	Targets           map[string]Target `json:"targets,omitempty"`
 	// ActiveOp is the sequence number of the op queued or running on the
-	// volume; 0 when none. At most one op is active per volume.
-	ActiveOp uint64 `json:"activeOp,omitempty"`
+	// volume; 0 when none. At most one op is active per volume. It is kept
+	// in the small active bucket, not in the record, so that accepting an
+	// op never rewrites the volume (Tx.Volume fills it in).
+	ActiveOp uint64 `json:"-"`
 	// Generation counts the transitions the volume has gone through.
-	Generation uint64    `json:"generation"`
+	Generation uint64 `json:"generation"`
+	// LastOp is the last op that finished on the volume. Retention never
+	// prunes it, so the volume's history always explains its state.
+	LastOp    uint64    `json:"lastOp,omitempty"`
 	CreatedAt  time.Time `json:"createdAt"`
 	UpdatedAt  time.Time `json:"updatedAt"`
 }
@@ -119,19 +124,33 @@ type Op struct {
 	FinishedAt    time.Time `json:"finishedAt,omitzero"`
 }
 
-// HistoryEntry is one line of a volume's history.
+// HistoryEntry is one line of a volume's history. The line of a transition
+// made by an op is that op's record, read as a line (see Op.HistoryEntry);
+// lines without an op (a deferred resize request, an adoption, a dropped
+// resize) are stored as notes.
 type HistoryEntry struct {
 	Time  time.Time `json:"time"`
 	Event fsm.Event `json:"event"`
 	Guard fsm.Guard `json:"guard,omitempty"`
 	From  fsm.State `json:"from"`
 	To    fsm.State `json:"to"`
-	// OpSeq is the op that made the change; 0 for entries without an op
-	// (a deferred resize request, an adoption by reconciliation).
-	OpSeq      uint64 `json:"op,omitempty"`
+	// OpSeq is the op that made the change; 0 for notes.
+	OpSeq uint64 `json:"op,omitempty"`
+	// Generation is the volume's generation after the line.
 	Generation uint64 `json:"generation"`
-	// Outcome is "ok", "failed: <reason>", "queued" or "adopted".
+	// Outcome is "ok" or "failed: <reason>" for an op; a note says what
+	// happened ("queued resize to ...", "adopted: ...").
 	Outcome string `json:"outcome"`
+}
+
+// HistoryEntry reads a finished op as its volume's history line.
+func (op *Op) HistoryEntry() HistoryEntry {
+	h := HistoryEntry{Time: op.FinishedAt, Event: op.Event, Guard: op.Guard, From: op.From, To: op.To,
+		OpSeq: op.Seq, Generation: op.Generation + 1, Outcome: "ok"}
+	if op.Status != OpSucceeded {
+		h.To, h.Generation, h.Outcome = op.From, op.Generation, "failed: "+op.Message
+	}
+	return h
 }
 
 // ResizeStatus is where a deferred resize is.

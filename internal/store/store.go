@@ -35,6 +35,7 @@ var (
 	bucketHistory = []byte("history")
 	allBuckets    = [][]byte{bucketMeta, bucketVolumes, bucketNames, bucketOps, bucketActive, bucketResize, bucketHistory}
 	keySchema     = []byte("schema")
+	keyPruned     = []byte("pruned")
 )
 
 // Errors.
@@ -55,11 +56,11 @@ var (
 type Options struct {
 	// LockTimeout bounds the wait for the file lock (default 1s).
 	LockTimeout time.Duration
-	// HistoryLimit is the number of history entries kept per volume
-	// (default 100).
+	// HistoryLimit is the number of history lines History returns per
+	// volume, and the number of notes kept per volume (default 100).
 	HistoryLimit int
-	// OpRetention is the number of finished ops kept (default 10000); older
-	// finished ops are pruned as new ones finish.
+	// OpRetention is the number of recent ops kept (default 10000); older
+	// finished ops are pruned as new ones finish, except each volume's last.
 	OpRetention uint64
 	// MaxBatch caps the number of callers sharing one commit (default 256).
 	MaxBatch int
@@ -95,14 +96,16 @@ type Store struct {
 	// volumes caches decoded volume records by their encoded bytes.
 	volumes volumeCache
 
-	calls   chan *call
-	closing chan struct{}
-	// gateMu and gateClosed keep Update from sending on calls after Close.
-	gateMu     sync.RWMutex
-	gateClosed bool
-	committer  sync.WaitGroup
-	closeOnce  sync.Once
-	closeErr   error
+	// cmu guards the commit queue; idle is signalled when no commit is in
+	// progress (see Update).
+	cmu     sync.Mutex
+	idle    sync.Cond
+	queue   []*call
+	leading bool
+	cclosed bool
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Open opens (or creates) the state file at path for reading and writing.
@@ -157,9 +160,8 @@ func Open(path string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, path: path, opts: opts, calls: make(chan *call, 4*opts.MaxBatch), closing: make(chan struct{})}
-	s.committer.Add(1)
-	go s.commitLoop()
+	s := &Store{db: db, path: path, opts: opts}
+	s.idle.L = &s.cmu
 	return s, nil
 }
 
@@ -186,7 +188,9 @@ func OpenReadOnly(path string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	return &Store{db: db, path: path, opts: opts, readOnly: true, closing: make(chan struct{})}, nil
+	s := &Store{db: db, path: path, opts: opts, readOnly: true}
+	s.idle.L = &s.cmu
+	return s, nil
 }
 
 func openBolt(path string, o *bolt.Options) (*bolt.DB, error) {
@@ -253,9 +257,12 @@ func (s *Store) Size() int64 {
 // more than once.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		close(s.closing)
-		s.committer.Wait()
+		s.drainCommits()
 		s.closeErr = s.db.Close()
 	})
 	return s.closeErr
 }
+
+// Stats are bbolt's counters for the open file (pages written, transaction
+// counts, timings); the metrics and the benchmarks read them.
+func (s *Store) Stats() bolt.Stats { return s.db.Stats() }

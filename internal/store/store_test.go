@@ -220,7 +220,7 @@ func TestAcceptFinishAreAtomicWithOpAndHistory(t *testing.T) {
 	bad := *op
 	bad.Seq = op.Seq + 1
 	bad.Status = OpSucceeded
-	if err := s.Update(func(tx *Tx) error { vv := *v; return tx.Finish(&vv, &bad, HistoryEntry{}) }); err == nil {
+	if err := s.Update(func(tx *Tx) error { vv := *v; return tx.Finish(&vv, &bad) }); err == nil {
 		t.Fatal("Finish accepted an op that is not the volume's active op")
 	}
 	// A fn that writes and then fails leaves nothing behind.
@@ -228,7 +228,7 @@ func TestAcceptFinishAreAtomicWithOpAndHistory(t *testing.T) {
 	err := s.Update(func(tx *Tx) error {
 		vv, oo := *v, *op
 		vv.State, oo.Status = fsm.Created, OpSucceeded
-		if err := tx.Finish(&vv, &oo, HistoryEntry{Event: fsm.Create, To: fsm.Created}); err != nil {
+		if err := tx.Finish(&vv, &oo); err != nil {
 			return err
 		}
 		return boom
@@ -248,7 +248,7 @@ func TestAcceptFinishAreAtomicWithOpAndHistory(t *testing.T) {
 	if err := s.Update(func(tx *Tx) error {
 		vv, oo := *v, *op
 		vv.State, oo.Status = fsm.Created, OpSucceeded
-		return tx.Finish(&vv, &oo, HistoryEntry{Event: fsm.Create, From: fsm.Absent, To: fsm.Created, OpSeq: oo.Seq, Outcome: "ok"})
+		return tx.Finish(&vv, &oo)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestFinishToAbsentRemovesEverything(t *testing.T) {
 		v, _ := tx.Volume("v1")
 		op, _ := tx.Op(seq)
 		v.State, op.Status = fsm.Absent, OpSucceeded
-		return tx.Finish(v, op, HistoryEntry{})
+		return tx.Finish(v, op)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -294,8 +294,12 @@ func TestFinishToAbsentRemovesEverything(t *testing.T) {
 		h, _ := tx.History("v1")
 		r, _ := tx.Resize("v1")
 		op, _ := tx.Op(seq)
-		if v != nil || tx.VolumeIDByName("n") != "" || len(h) != 0 || r != nil {
-			t.Errorf("deleted volume left: %+v name=%q history=%d resize=%+v", v, tx.VolumeIDByName("n"), len(h), r)
+		if v != nil || tx.VolumeIDByName("n") != "" || r != nil {
+			t.Errorf("deleted volume left: %+v name=%q resize=%+v", v, tx.VolumeIDByName("n"), r)
+		}
+		// Its notes are gone; its ops (here, the delete) stay readable until pruned.
+		if len(h) != 1 || h[0].OpSeq != seq || h[0].Event != fsm.Delete {
+			t.Errorf("history of the deleted volume: %+v", h)
 		}
 		if op == nil || op.Status != OpSucceeded {
 			t.Errorf("the delete op itself must remain for inspection: %+v", op)
@@ -309,10 +313,10 @@ func TestHistoryIsBounded(t *testing.T) {
 	for i := 0; i < 12; i++ {
 		i := i
 		if err := s.Update(func(tx *Tx) error {
-			if err := tx.AppendHistory("a", HistoryEntry{Generation: uint64(i)}); err != nil {
+			if err := tx.AddNote("a", HistoryEntry{Generation: uint64(i)}); err != nil {
 				return err
 			}
-			return tx.AppendHistory("b", HistoryEntry{Generation: uint64(100 + i)})
+			return tx.AddNote("b", HistoryEntry{Generation: uint64(100 + i)})
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -328,34 +332,65 @@ func TestHistoryIsBounded(t *testing.T) {
 	})
 }
 
-func TestOpsArePrunedBeyondRetention(t *testing.T) {
+func TestOpsArePrunedBeyondRetentionExceptLastAndActive(t *testing.T) {
 	s, _ := openTemp(t, Options{OpRetention: 3, NoSync: true})
-	var longRunning uint64
-	for i := 0; i < 10; i++ {
-		id := fmt.Sprintf("v%d", i)
+	// run accepts and finishes one op on volume id; finish=false leaves it active.
+	run := func(id string, finish bool) uint64 {
 		var seq uint64
-		_ = s.Update(func(tx *Tx) error {
+		err := s.Update(func(tx *Tx) error {
+			v, err := tx.Volume(id)
+			if err != nil {
+				return err
+			}
+			if v == nil {
+				v = &Volume{ID: id, State: fsm.Absent}
+			}
 			op := &Op{Event: fsm.Create}
-			err := tx.Accept(&Volume{ID: id, State: fsm.Absent}, op)
+			if err := tx.Accept(v, op); err != nil {
+				return err
+			}
 			seq = op.Seq
-			return err
-		})
-		if i == 1 {
-			longRunning = seq // stays active: must never be pruned
-			continue
-		}
-		_ = s.Update(func(tx *Tx) error {
-			v, _ := tx.Volume(id)
-			op, _ := tx.Op(seq)
+			if !finish {
+				return nil
+			}
 			v.State, op.Status = fsm.Created, OpSucceeded
-			return tx.Finish(v, op, HistoryEntry{})
+			return tx.Finish(v, op)
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
 	}
-	_ = s.View(func(tx *Tx) error {
+	idle := run("idle", true)        // 1: the idle volume's last op, out of the window soon
+	running := run("running", false) // 2: stays active
+	var a []uint64
+	for i := 0; i < 8; i++ {
+		a = append(a, run("a", true)) // 3..10
+	}
+	kept := func() []uint64 {
 		var seqs []uint64
-		_ = tx.ForEachOp(func(op *Op) bool { seqs = append(seqs, op.Seq); return true })
-		if fmt.Sprint(seqs) != fmt.Sprint([]uint64{10, 9, 8, longRunning}) {
-			t.Errorf("ops kept: %v", seqs)
+		_ = s.View(func(tx *Tx) error {
+			return tx.ForEachOp(func(op *Op) bool { seqs = append(seqs, op.Seq); return true })
+		})
+		return seqs
+	}
+	// Window: the 3 newest (8, 9, 10); plus the idle volume's last op and
+	// the active op, however old.
+	if got := fmt.Sprint(kept()); got != fmt.Sprint([]uint64{a[7], a[6], a[5], running, idle}) {
+		t.Fatalf("ops kept: %s", got)
+	}
+	// The idle volume's next op supersedes its old last op, which goes.
+	next := run("idle", true)
+	if got := fmt.Sprint(kept()); got != fmt.Sprint([]uint64{next, a[7], a[6], running}) {
+		t.Fatalf("after the idle volume moved on: %s", got)
+	}
+	// Every volume's history still ends with its state's explanation.
+	_ = s.View(func(tx *Tx) error {
+		for id, want := range map[string]uint64{"idle": next, "a": a[7]} {
+			h, _ := tx.History(id)
+			if len(h) == 0 || h[len(h)-1].OpSeq != want {
+				t.Errorf("history of %s: %+v", id, h)
+			}
 		}
 		return nil
 	})
@@ -385,7 +420,7 @@ func TestGroupCommitSharesTransactionsAndIsolatesFailures(t *testing.T) {
 			for i := 0; i < each; i++ {
 				fail := i%7 == 3
 				err := s.Update(func(tx *Tx) error {
-					if err := tx.AppendHistory(fmt.Sprintf("w%d", w), HistoryEntry{Generation: uint64(i)}); err != nil {
+					if err := tx.AddNote(fmt.Sprintf("w%d", w), HistoryEntry{Generation: uint64(i)}); err != nil {
 						return err
 					}
 					if fail {
@@ -434,7 +469,7 @@ func TestOnCommitHooksRunInCommitOrderBeforeUpdateReturns(t *testing.T) {
 			defer wg.Done()
 			ran := false
 			err := s.Update(func(tx *Tx) error {
-				if err := tx.AppendHistory("x", HistoryEntry{Generation: uint64(i)}); err != nil {
+				if err := tx.AddNote("x", HistoryEntry{Generation: uint64(i)}); err != nil {
 					return err
 				}
 				tx.OnCommit(func() { mu.Lock(); order = append(order, i); ran = true; mu.Unlock() })

@@ -2,9 +2,12 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 
 	"github.com/csid-dev/csid/internal/fsm"
@@ -69,7 +72,20 @@ func (t *Tx) Volume(id string) (*Volume, error) {
 	if raw == nil {
 		return nil, nil
 	}
-	return t.s.volumes.decode(raw)
+	v, err := t.s.volumes.decode(raw)
+	if err != nil {
+		return nil, err
+	}
+	v.ActiveOp = t.activeOf(id)
+	return v, nil
+}
+
+// activeOf returns the op active on a volume, 0 if none.
+func (t *Tx) activeOf(id string) uint64 {
+	if raw := t.tx.Bucket(bucketActive).Get([]byte(id)); len(raw) == 8 {
+		return fromU64(raw)
+	}
+	return 0
 }
 
 func (t *Tx) putVolume(v *Volume) error {
@@ -103,10 +119,11 @@ func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
 		}
 	}
 	for ; k != nil; k, raw = c.Next() {
-		v := new(Volume)
-		if err := json.Unmarshal(raw, v); err != nil {
+		v, err := t.s.volumes.decode(raw)
+		if err != nil {
 			return fmt.Errorf("decode volume %q: %w", k, err)
 		}
+		v.ActiveOp = t.activeOf(v.ID)
 		if !fn(v) {
 			return nil
 		}
@@ -141,28 +158,34 @@ func (t *Tx) ForEachOp(fn func(*Op) bool) error {
 func (t *Tx) ActiveOps() ([]*Op, error) {
 	var out []*Op
 	c := t.tx.Bucket(bucketActive).Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		op, err := t.Op(fromU64(k))
+	for k, raw := c.First(); k != nil; k, raw = c.Next() {
+		if len(raw) != 8 {
+			return nil, fmt.Errorf("active index entry %q is malformed: %w", k, ErrCorrupt)
+		}
+		op, err := t.Op(fromU64(raw))
 		if err != nil {
 			return nil, err
 		}
-		if op == nil {
-			return nil, fmt.Errorf("active index names op %d, which does not exist: %w", fromU64(k), ErrCorrupt)
+		if op == nil || op.VolumeID != string(k) {
+			return nil, fmt.Errorf("active index names op %d for volume %s, which does not exist: %w", fromU64(raw), k, ErrCorrupt)
 		}
 		out = append(out, op)
 	}
+	slices.SortFunc(out, func(a, b *Op) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out, nil
 }
 
-// Accept records a new op on volume v (a new volume when it has no record
-// yet): it assigns op.Seq, marks the op queued and active, sets v.ActiveOp
-// and writes both. v must have no active op.
+// Accept records a new op on volume v: it assigns op.Seq, marks the op
+// queued and active, and sets v.ActiveOp. v must have no active op. The
+// volume record itself is written only when it has none yet (a create, or
+// an adoption in the same transaction): an existing volume does not change
+// until the op finishes.
 func (t *Tx) Accept(v *Volume, op *Op) error {
 	if err := checkID(v.ID); err != nil {
 		return err
 	}
-	if v.ActiveOp != 0 {
-		return fmt.Errorf("store: volume %s already has active op %d", v.ID, v.ActiveOp)
+	if v.ActiveOp != 0 || t.activeOf(v.ID) != 0 {
+		return fmt.Errorf("store: volume %s already has an active op", v.ID)
 	}
 	ops := t.tx.Bucket(bucketOps)
 	seq, err := ops.NextSequence()
@@ -170,12 +193,15 @@ func (t *Tx) Accept(v *Volume, op *Op) error {
 		return err
 	}
 	op.Seq, op.VolumeID, op.Status, op.Generation = seq, v.ID, OpQueued, v.Generation
-	v.ActiveOp = seq
 	if err := put(ops, u64(seq), op); err != nil {
 		return err
 	}
-	if err := t.tx.Bucket(bucketActive).Put(u64(seq), []byte(v.ID)); err != nil {
+	if err := t.tx.Bucket(bucketActive).Put([]byte(v.ID), u64(seq)); err != nil {
 		return err
+	}
+	v.ActiveOp = seq
+	if t.tx.Bucket(bucketVolumes).Get([]byte(v.ID)) != nil {
+		return nil
 	}
 	if v.Name != "" {
 		if err := t.tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
@@ -191,50 +217,50 @@ func (t *Tx) UpdateOp(op *Op) error {
 	if !op.Status.Active() {
 		return fmt.Errorf("store: UpdateOp on finished op %d", op.Seq)
 	}
-	if t.tx.Bucket(bucketActive).Get(u64(op.Seq)) == nil {
+	if t.activeOf(op.VolumeID) != op.Seq {
 		return fmt.Errorf("store: op %d is not active", op.Seq)
 	}
 	return put(t.tx.Bucket(bucketOps), u64(op.Seq), op)
 }
 
 // Finish records the outcome of op (which must be finished: succeeded or
-// failed) together with the volume it leaves and a history entry, and
-// clears the volume's active op. A volume left in state ABSENT loses its
-// record, name, history and resize entry.
-func (t *Tx) Finish(v *Volume, op *Op, h HistoryEntry) error {
+// failed) together with the volume it leaves, and clears the volume's
+// active op. The op record is the transition's history line. A volume left
+// in state ABSENT loses its record, name, notes and resize entry.
+func (t *Tx) Finish(v *Volume, op *Op) error {
 	if op.Status.Active() {
 		return fmt.Errorf("store: Finish with op %d still %s", op.Seq, op.Status)
 	}
-	if v.ActiveOp != op.Seq {
-		return fmt.Errorf("store: volume %s has active op %d, not %d", v.ID, v.ActiveOp, op.Seq)
+	if a := t.activeOf(v.ID); a != op.Seq {
+		return fmt.Errorf("store: volume %s has active op %d, not %d", v.ID, a, op.Seq)
 	}
 	v.ActiveOp = 0
+	prev := v.LastOp
+	v.LastOp = op.Seq
 	if err := put(t.tx.Bucket(bucketOps), u64(op.Seq), op); err != nil {
 		return err
 	}
-	if err := t.tx.Bucket(bucketActive).Delete(u64(op.Seq)); err != nil {
-		return err
-	}
-	if err := t.prune(op.Seq); err != nil {
+	if err := t.tx.Bucket(bucketActive).Delete([]byte(v.ID)); err != nil {
 		return err
 	}
 	if v.State == fsm.Absent {
-		return t.remove(v)
-	}
-	if err := t.putVolume(v); err != nil {
+		if err := t.remove(v); err != nil {
+			return err
+		}
+	} else if err := t.putVolume(v); err != nil {
 		return err
 	}
-	return t.AppendHistory(v.ID, h)
+	return t.prune(op.Seq, prev)
 }
 
 // Adopt writes a volume record made by reconciliation (a node adopting a
 // volume attached to it, a controller rebuilding records from the cloud),
-// with the history entry that explains it. v must have no active op.
-func (t *Tx) Adopt(v *Volume, h HistoryEntry) error {
+// with the note that explains it. v must have no active op.
+func (t *Tx) Adopt(v *Volume, note HistoryEntry) error {
 	if err := checkID(v.ID); err != nil {
 		return err
 	}
-	if v.ActiveOp != 0 {
+	if v.ActiveOp != 0 || t.activeOf(v.ID) != 0 {
 		return fmt.Errorf("store: adopted volume %s has an active op", v.ID)
 	}
 	if v.Name != "" {
@@ -245,7 +271,7 @@ func (t *Tx) Adopt(v *Volume, h HistoryEntry) error {
 	if err := t.putVolume(v); err != nil {
 		return err
 	}
-	return t.AppendHistory(v.ID, h)
+	return t.AddNote(v.ID, note)
 }
 
 func (t *Tx) remove(v *Volume) error {
@@ -261,9 +287,9 @@ func (t *Tx) remove(v *Volume) error {
 	if err := t.tx.Bucket(bucketResize).Delete([]byte(v.ID)); err != nil {
 		return err
 	}
-	hist := t.tx.Bucket(bucketHistory)
+	notes := t.tx.Bucket(bucketHistory)
 	prefix := historyPrefix(v.ID)
-	c := hist.Cursor()
+	c := notes.Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
 		if err := c.Delete(); err != nil {
 			return err
@@ -272,75 +298,140 @@ func (t *Tx) remove(v *Volume) error {
 	return nil
 }
 
-// prune drops finished ops that fell out of the retention window when op
-// seq finished: a few per call, oldest first, skipping ops still active.
-func (t *Tx) prune(seq uint64) error {
-	if seq <= t.s.opts.OpRetention {
-		return nil
+// prune keeps the ops bucket bounded. Ops out of the retention window (more
+// than OpRetention older than the newest) are deleted, except each volume's
+// last op and ops still active. A cursor in the meta bucket remembers how
+// far pruning got, so each call does a few steps; an op kept as a volume's
+// last op when the cursor passed it is deleted when the volume's next op
+// finishes (prev), or when the volume is deleted.
+func (t *Tx) prune(latest, prev uint64) error {
+	meta, ops := t.tx.Bucket(bucketMeta), t.tx.Bucket(bucketOps)
+	cursor := uint64(1)
+	if raw := meta.Get(keyPruned); len(raw) == 8 {
+		cursor = fromU64(raw)
 	}
-	limit := u64(seq - t.s.opts.OpRetention)
-	ops, active := t.tx.Bucket(bucketOps), t.tx.Bucket(bucketActive)
-	from := []byte{}
-	for i := 0; i < 4; i++ {
-		k, _ := ops.Cursor().Seek(from)
-		for k != nil && active.Get(k) != nil && bytes.Compare(k, limit) <= 0 {
-			from = u64(fromU64(k) + 1)
-			k, _ = ops.Cursor().Seek(from)
-		}
-		if k == nil || bytes.Compare(k, limit) > 0 {
-			return nil
-		}
-		if err := ops.Delete(k); err != nil {
+	if prev != 0 && prev < cursor {
+		if err := ops.Delete(u64(prev)); err != nil {
 			return err
 		}
 	}
-	return nil
+	if latest <= t.s.opts.OpRetention {
+		return nil
+	}
+	limit, start := latest-t.s.opts.OpRetention, cursor
+	for ; cursor <= limit && cursor < start+4; cursor++ {
+		raw := ops.Get(u64(cursor))
+		if raw == nil {
+			continue
+		}
+		var o struct {
+			VolumeID string   `json:"volumeID"`
+			Status   OpStatus `json:"status"`
+		}
+		if err := json.Unmarshal(raw, &o); err != nil {
+			return fmt.Errorf("decode op %d: %w", cursor, err)
+		}
+		if o.Status.Active() || t.isLastOp(o.VolumeID, cursor) {
+			continue // finishing, or becoming superseded, deletes it later
+		}
+		if err := ops.Delete(u64(cursor)); err != nil {
+			return err
+		}
+	}
+	return meta.Put(keyPruned, u64(cursor))
+}
+
+func (t *Tx) isLastOp(id string, seq uint64) bool {
+	v, err := t.Volume(id)
+	return err == nil && v != nil && v.LastOp == seq
 }
 
 func historyPrefix(id string) []byte { return append([]byte(id), 0) }
 
-// AppendHistory adds an entry to a volume's history, dropping the oldest
-// beyond the history limit. Entries without an op (a deferred request) are
-// written this way directly.
-func (t *Tx) AppendHistory(id string, h HistoryEntry) error {
+// AddNote adds a history line that no op explains (a deferred resize
+// request, an adoption, a dropped resize) to a volume's history, dropping
+// the volume's oldest note beyond the history limit.
+//
+// A volume's notes are keyed by the volume id and a per-volume index, so a
+// note is added with one seek for the newest and one delete of the note
+// that falls out of the window, whatever the history's length.
+func (t *Tx) AddNote(id string, h HistoryEntry) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	hist := t.tx.Bucket(bucketHistory)
-	seq, err := hist.NextSequence()
-	if err != nil {
-		return err
-	}
+	notes := t.tx.Bucket(bucketHistory)
 	prefix := historyPrefix(id)
-	if err := put(hist, append(append([]byte{}, prefix...), u64(seq)...), h); err != nil {
+	next := uint64(0)
+	c := notes.Cursor()
+	k, _ := c.Seek(historyKey(prefix, math.MaxUint64))
+	if k == nil {
+		k, _ = c.Last()
+	} else {
+		k, _ = c.Prev()
+	}
+	if k != nil && bytes.HasPrefix(k, prefix) && len(k) == len(prefix)+8 {
+		next = fromU64(k[len(prefix):]) + 1
+	}
+	if err := put(notes, historyKey(prefix, next), h); err != nil {
 		return err
 	}
-	// Count from the newest backwards; delete what lies beyond the limit.
-	c := hist.Cursor()
-	n := 0
-	k, _ := c.Seek(append(append([]byte{}, prefix...), u64(seq)...))
-	for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Prev() {
-		n++
-		if n > t.s.opts.HistoryLimit {
-			if err := c.Delete(); err != nil {
-				return err
-			}
-		}
+	if limit := uint64(t.s.opts.HistoryLimit); next >= limit {
+		return notes.Delete(historyKey(prefix, next-limit))
 	}
 	return nil
 }
 
-// History returns a volume's history, oldest first.
+func historyKey(prefix []byte, n uint64) []byte {
+	return append(append(make([]byte, 0, len(prefix)+8), prefix...), u64(n)...)
+}
+
+// History returns a volume's history, oldest first: its finished ops (as
+// lines) and its notes, the newest HistoryLimit of them. It scans the ops
+// bucket (bounded by OpRetention plus each volume's last op): meant for
+// inspection, not for a hot path.
 func (t *Tx) History(id string) ([]HistoryEntry, error) {
-	var out []HistoryEntry
-	prefix := historyPrefix(id)
-	c := t.tx.Bucket(bucketHistory).Cursor()
-	for k, raw := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, raw = c.Next() {
+	all, err := t.histories(func(v string) bool { return v == id })
+	return all[id], err
+}
+
+// Histories returns every volume's history (see History) in one scan.
+func (t *Tx) Histories() (map[string][]HistoryEntry, error) {
+	return t.histories(func(string) bool { return true })
+}
+
+func (t *Tx) histories(want func(string) bool) (map[string][]HistoryEntry, error) {
+	out := map[string][]HistoryEntry{}
+	c := t.tx.Bucket(bucketOps).Cursor()
+	for k, raw := c.First(); k != nil; k, raw = c.Next() {
+		op := new(Op)
+		if err := json.Unmarshal(raw, op); err != nil {
+			return nil, fmt.Errorf("decode op %d: %w", fromU64(k), err)
+		}
+		if op.Status.Active() || !want(op.VolumeID) {
+			continue
+		}
+		out[op.VolumeID] = append(out[op.VolumeID], op.HistoryEntry())
+	}
+	nc := t.tx.Bucket(bucketHistory).Cursor()
+	for k, raw := nc.First(); k != nil; k, raw = nc.Next() {
+		i := bytes.IndexByte(k, 0)
+		if i < 0 || !want(string(k[:i])) {
+			continue
+		}
 		var h HistoryEntry
 		if err := json.Unmarshal(raw, &h); err != nil {
-			return nil, fmt.Errorf("decode history of %s: %w", id, err)
+			return nil, fmt.Errorf("decode note %q: %w", k, err)
 		}
-		out = append(out, h)
+		out[string(k[:i])] = append(out[string(k[:i])], h)
+	}
+	for id, hist := range out {
+		// Lines in time order; at equal times an op before a note, ops by
+		// sequence (the sort is stable and ops were appended first).
+		slices.SortStableFunc(hist, func(a, b HistoryEntry) int { return a.Time.Compare(b.Time) })
+		if n := len(hist) - t.s.opts.HistoryLimit; n > 0 {
+			hist = hist[n:]
+		}
+		out[id] = hist
 	}
 	return out, nil
 }
