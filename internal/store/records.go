@@ -68,8 +68,8 @@ type Volume struct {
 	// LastOp is the last op that finished on the volume. Retention never
 	// prunes it, so the volume's history always explains its state.
 	LastOp    uint64    `json:"lastOp,omitempty"`
-	CreatedAt  time.Time `json:"createdAt"`
-	UpdatedAt  time.Time `json:"updatedAt"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 // Node returns the node the volume is attached to, or "".
