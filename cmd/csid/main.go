@@ -1,19 +1,17 @@
 // Command csid is a CSI driver for block storage that can only be grown
-// while detached. See the README and docs/ for how to run it.
+// while detached. `csid serve` runs the driver; `csid --help` lists the rest.
 package main
 
 import (
-	"fmt"
+	"context"
 	"os"
-
-	"github.com/csid-dev/csid/internal/version"
+	"os/signal"
+	"syscall"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "version" {
-		fmt.Println("csid", version.Version)
-		return
-	}
-	fmt.Fprintln(os.Stderr, "usage: csid version   (serve, inspect, check, drill and bench are coming)")
-	os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/csid-dev/csid/internal/crash"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
@@ -145,6 +146,7 @@ func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType strin
 		if _, err := m.run(ctx, "mkfs."+fsType, args...); err != nil {
 			return fmt.Errorf("format %s as %s: %w", device, fsType, err)
 		}
+		crash.Point(crash.MounterAfterFormat)
 	case fsType:
 		if isExt(fsType) && !slices.Contains(options, "ro") {
 			if _, err := m.growExtOffline(ctx, device); err != nil {

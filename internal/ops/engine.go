@@ -372,7 +372,8 @@ func (e *Engine) adopt(ctx context.Context, req Request) (*store.Volume, error) 
 	if err != nil {
 		return nil, asError(err)
 	}
-	v.ID, v.State, v.ActiveOp = req.VolumeID, fsm.NodeReady, 0
+	now := e.cfg.Clock.Now()
+	v.ID, v.State, v.ActiveOp, v.CreatedAt, v.UpdatedAt = req.VolumeID, fsm.NodeReady, 0, now, now
 	return v, nil
 }
 

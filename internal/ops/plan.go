@@ -142,6 +142,17 @@ func inFlight(active *store.Op, e fsm.Event, fp string) (decision, error) {
 		active.VolumeID, active.Seq, active.Event)
 }
 
+// accessMismatch refuses a request for another access type (block or
+// mount) than the volume was created or staged for.
+func accessMismatch(v *store.Volume, c store.Capability) (decision, bool) {
+	if v.Capability.AccessType == "" || c.AccessType == "" || v.Capability.AccessType == c.AccessType {
+		return decision{}, false
+	}
+	d, _ := rejectf(codes.FailedPrecondition, "volume %s is a %s volume; it cannot be used with %s access",
+		v.ID, v.Capability.AccessType, c.AccessType)
+	return d, true
+}
+
 // undoing reports whether the op in flight is the inverse of event e: a
 // request that the record shows satisfied is not, while its inverse runs.
 // Any other op in flight leaves the answer standing (a CO's retry of a
@@ -267,6 +278,9 @@ func (p *planner) planControllerPublish(req Request, v *store.Volume, active *st
 	if _, err := fsm.Next(v.State, fsm.ControllerPublish, fsm.NoGuard); err != nil {
 		return rejectf(codes.FailedPrecondition, "volume %s is %s; it cannot be published now", v.ID, v.State)
 	}
+	if d, bad := accessMismatch(v, a.Capability); bad {
+		return d, nil
+	}
 	r, err := p.tx.Resize(v.ID)
 	if err != nil {
 		return decision{}, err
@@ -330,6 +344,9 @@ func (p *planner) planNodeStage(req Request, v *store.Volume, active *store.Op, 
 	if p.nodeID != "" && v.Node() != "" && v.Node() != p.nodeID {
 		return rejectf(codes.FailedPrecondition, "volume %s is published to node %s, not to this node (%s)", v.ID, v.Node(), p.nodeID)
 	}
+	if d, bad := accessMismatch(v, a.Capability); bad {
+		return d, nil
+	}
 	if _, err := fsm.Next(v.State, fsm.NodeStage, fsm.NoGuard); err != nil {
 		return rejectf(codes.FailedPrecondition, "volume %s is %s: ControllerPublishVolume must succeed before NodeStageVolume", v.ID, v.State)
 	}
@@ -383,6 +400,9 @@ func (p *planner) planNodePublish(req Request, v *store.Volume, active *store.Op
 	}
 	if !fsm.Legal(v.State, fsm.NodePublish) {
 		return rejectf(codes.FailedPrecondition, "volume %s is %s: NodeStageVolume must succeed before NodePublishVolume", v.ID, v.State)
+	}
+	if d, bad := accessMismatch(v, a.Capability); bad {
+		return d, nil
 	}
 	if v.Stage != nil && v.Stage.Path != a.StagingPath {
 		return rejectf(codes.FailedPrecondition, "volume %s is staged at %s, not at %s", v.ID, v.Stage.Path, a.StagingPath)

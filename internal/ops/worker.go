@@ -408,6 +408,9 @@ func apply(v *store.Volume, op *store.Op, res Result, now time.Time) error {
 			return err
 		}
 		v.Stage = &store.Stage{Path: a.StagingPath, Fingerprint: capFingerprint(a.Capability), Device: res.Device}
+		if res.CapacityBytes > v.CapacityBytes {
+			v.CapacityBytes = res.CapacityBytes // the device grew (an offline resize); a node learns it here
+		}
 	case fsm.NodeUnstage:
 		v.Stage = nil
 	case fsm.NodePublish:
@@ -428,7 +431,7 @@ func apply(v *store.Volume, op *store.Op, res Result, now time.Time) error {
 		if len(v.Targets) == 0 {
 			v.Targets = nil
 		}
-	case fsm.Expand:
+	case fsm.Expand, fsm.NodeExpand:
 		if res.CapacityBytes > v.CapacityBytes {
 			v.CapacityBytes = res.CapacityBytes
 		}

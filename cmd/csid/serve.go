@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/crash"
+	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/version"
+	"github.com/spf13/cobra"
+)
+
+func newServe() *cobra.Command {
+	var o app.Options
+	var mode, logFormat, logLevel, crashAt string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the CSI driver",
+		Long: `Run the CSI driver on a unix socket until SIGTERM or SIGINT.
+
+With no flags, csid runs all three CSI services on its embedded local backend:
+disks are sparse files under the state directory (./csid-data), attached as
+loop devices (this needs root). In Kubernetes, run one --mode controller and
+one --mode node per node (see docs/deploy.md).`,
+		Example: `  # all-in-one on this machine, state in ./csid-data
+  sudo csid serve
+
+  # a node plugin as the DaemonSet runs it
+  csid serve --mode node --endpoint unix:///csi/csi.sock --state-dir /var/lib/csid --node-id "$NODE_NAME"`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(cmd.ErrOrStderr(), logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			if err := crash.Arm(crashAt, os.Getenv(crash.EnvLog)); err != nil {
+				return err
+			}
+			if crashAt == "" {
+				if err := crash.ArmFromEnv(); err != nil {
+					return err
+				}
+			}
+			o.Mode, o.Log, o.Version = driver.Mode(mode), log, version.Version
+			if o.StateDir, err = filepath.Abs(o.StateDir); err != nil {
+				return err
+			}
+			if o.Endpoint == "" {
+				o.Endpoint = "unix://" + filepath.Join(o.StateDir, "csi.sock")
+			}
+			if err := app.Run(cmd.Context(), o); err != nil {
+				return fmt.Errorf("serve: %w", err)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&mode, "mode", string(driver.ModeAll), "services to serve: all, controller or node")
+	f.StringVar(&o.Endpoint, "endpoint", "", "CSI socket, unix:///path or /path (default <state-dir>/csi.sock)")
+	f.StringVar(&o.StateDir, "state-dir", "csid-data", "directory of the state file (and of the local backend's disks)")
+	f.StringVar(&o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices) or fake (in memory, for load tests)")
+	f.StringVar(&o.NodeID, "node-id", "", "this node's id (default: the hostname)")
+	f.StringVar(&o.DriverName, "driver-name", driver.DefaultName, "CSI driver name")
+	f.IntVar(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit)")
+	f.StringVar(&o.Zone, "zone", "", "the local backend's zone (default \"local\")")
+	f.IntVar(&o.Workers, "workers", 64, "operations whose effects run at once")
+	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 0, "bound of each shutdown step (default 10s)")
+	f.StringVar(&logFormat, "log-format", "json", "log format: json or console")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&crashAt, "crash-at", "", "arm a crash point (drills): name or name:N")
+	_ = f.MarkHidden("crash-at")
+	return cmd
+}

@@ -1,0 +1,278 @@
+// Package app assembles one csid process: the state file, the cloud and
+// host, the mounter, the executors, the operation engine and the CSI
+// driver on its gRPC socket. It owns the order of start-up (lock the state,
+// take the socket, answer Identity at once, resume ops, then report ready)
+// and of shutdown (not ready, stop gRPC gracefully within a bound, drain the
+// workers to a safe point, close the store last).
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/fake"
+	"github.com/csid-dev/csid/internal/cloud/local"
+	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/effects"
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/mounter/fakemount"
+	"github.com/csid-dev/csid/internal/ops"
+	"github.com/csid-dev/csid/internal/store"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+)
+
+// Options configure a csid process (the flags of `csid serve`).
+type Options struct {
+	Mode     driver.Mode
+	Endpoint string
+	// StateDir holds the state file and, for the local backend, its disks.
+	StateDir string
+	// Cloud is "local" (the embedded default) or "fake" (in memory, with a
+	// fake mounter: for load tests and drills of the engine without root).
+	Cloud  string
+	NodeID string
+	// DriverName is the CSI driver name.
+	DriverName string
+	Version    string
+	// MaxVolumesPerNode is this node's attach limit (0: none).
+	MaxVolumesPerNode int
+	// Zone is the local backend's zone.
+	Zone string
+	// Workers bounds the effects running at once.
+	Workers int
+	// ShutdownTimeout bounds the graceful stop of gRPC, then of the
+	// workers (default 10s each).
+	ShutdownTimeout time.Duration
+	Log             zerolog.Logger
+	// Ready, if set, is closed once the process answers Probe as ready.
+	Ready chan<- struct{}
+}
+
+// StateFile is the state file of a mode inside a state directory.
+func StateFile(dir string, mode driver.Mode) string {
+	name := "csid.db"
+	if mode != driver.ModeAll {
+		name = string(mode) + ".db"
+	}
+	return filepath.Join(dir, name)
+}
+
+// Run serves until ctx ends, then shuts down in order.
+func Run(ctx context.Context, o Options) error {
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = 10 * time.Second
+	}
+	if o.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("no --node-id and no hostname: %w", err)
+		}
+		o.NodeID = h
+	}
+	sock, err := SocketPath(o.Endpoint)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	log := o.Log.With().Str("mode", string(o.Mode)).Str("node", o.NodeID).Logger()
+
+	// The state file first: a second csid on the same state dir stops here,
+	// naming the holder, within a second.
+	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{})
+	if err != nil {
+		return fmt.Errorf("open the state file: %w", err)
+	}
+	defer st.Close()
+
+	p, err := newProvider(ctx, o)
+	if err != nil {
+		return err
+	}
+	execs := map[fsm.Event]ops.Executor{}
+	var adopt ops.Adopter
+	var node *effects.Node
+	if o.Mode != driver.ModeNode {
+		for e, x := range (&effects.Controller{Cloud: p.cloud}).Executors() {
+			execs[e] = x
+		}
+	}
+	if o.Mode != driver.ModeController {
+		if reg, ok := p.cloud.(cloud.Registrar); ok {
+			if err := reg.RegisterNode(ctx, cloud.Node{ID: o.NodeID, Zone: p.zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil {
+				return fmt.Errorf("register node %s: %w", o.NodeID, err)
+			}
+		}
+		node = &effects.Node{Host: p.host, Mounter: p.mounter}
+		for e, x := range node.Executors() {
+			execs[e] = x
+		}
+		if o.Mode == driver.ModeNode {
+			adopt = node.Adopt
+		}
+	}
+	nodeID := ""
+	if o.Mode != driver.ModeController {
+		nodeID = o.NodeID
+	}
+	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Workers: o.Workers,
+		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger()})
+
+	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
+		Controller: controllerBackend{p.cloud}, Node: nodeBackend{cloud: p.cloud, mounter: p.mounter, nodeID: o.NodeID},
+		Topology: len(p.cloud.Zones()) > 0, Log: log})
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(driver.Interceptor(log.With().Str("component", "csi").Logger(), nil)))
+	drv.Register(srv)
+	lis, err := listenUnix(sock, 0)
+	if err != nil {
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	log.Info().Str("endpoint", sock).Str("state", st.Path()).Str("cloud", o.Cloud).Msg("serving CSI; resuming operations")
+
+	// Identity answers from here on; Probe says ready once ops are resumed.
+	if err := eng.Start(ctx); err != nil {
+		srv.Stop()
+		return fmt.Errorf("resume operations: %w", err)
+	}
+	log.Info().Msg("ready")
+	if o.Ready != nil {
+		close(o.Ready)
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		if err != nil {
+			log.Error().Err(err).Msg("gRPC server stopped")
+		}
+	}
+	return shutdown(log, srv, eng, o.ShutdownTimeout, served)
+}
+
+// shutdown stops in order: not ready (the engine refuses new requests),
+// gRPC stops gracefully within the timeout (then hard: handlers still
+// waiting return Aborted, their ops go on), the workers drain to a safe
+// point, and the caller closes the store last.
+func shutdown(log zerolog.Logger, srv *grpc.Server, eng *ops.Engine, timeout time.Duration, served <-chan error) error {
+	log.Info().Msg("shutting down")
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		log.Warn().Dur("after", timeout).Msg("RPCs still running; stopping hard")
+		srv.Stop()
+		<-done
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
+	defer cancel()
+	if err := eng.Close(ctx); err != nil {
+		return err
+	}
+	log.Info().Msg("stopped")
+	return nil
+}
+
+// provider is the cloud side of one process.
+type provider struct {
+	cloud   cloud.Cloud
+	host    cloud.Host
+	mounter mounter.Mounter
+	zone    string
+}
+
+func newProvider(ctx context.Context, o Options) (*provider, error) {
+	switch o.Cloud {
+	case "", "local":
+		c, err := local.Open(ctx, o.StateDir, local.Options{Zone: o.Zone})
+		if err != nil {
+			return nil, fmt.Errorf("local backend in %s: %w", o.StateDir, err)
+		}
+		zone := o.Zone
+		if zone == "" {
+			zone = local.DefaultZone
+		}
+		return &provider{cloud: c, host: c.Host(o.NodeID), mounter: mounter.New(), zone: zone}, nil
+	case "fake":
+		zone := o.Zone
+		if zone == "" {
+			zone = "fake"
+		}
+		c := fake.New(fake.Options{Zones: []string{zone}})
+		if err := c.AddNode(cloud.Node{ID: o.NodeID, Zone: zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil {
+			return nil, err
+		}
+		m := fakemount.New()
+		return &provider{cloud: c, host: sizedHost{Host: c.Host(o.NodeID), cloud: c, mounter: m}, mounter: m, zone: zone}, nil
+	}
+	return nil, fmt.Errorf("unknown cloud %q (local or fake)", o.Cloud)
+}
+
+// sizedHost keeps the fake mounter's devices the size of the fake cloud's
+// disks, as a real device is the size of its disk.
+type sizedHost struct {
+	cloud.Host
+	cloud   cloud.Cloud
+	mounter *fakemount.Mounter
+}
+
+func (h sizedHost) DevicePath(ctx context.Context, diskID string) (string, error) {
+	dev, err := h.Host.DevicePath(ctx, diskID)
+	if err != nil {
+		return "", err
+	}
+	d, err := h.cloud.GetDisk(ctx, diskID)
+	if err != nil {
+		return "", err
+	}
+	h.mounter.SetDeviceSize(dev, d.SizeBytes)
+	return dev, nil
+}
+
+type controllerBackend struct{ c cloud.Cloud }
+
+func (b controllerBackend) Capacity(ctx context.Context, zone string) (int64, error) {
+	return b.c.Capacity(ctx, zone)
+}
+
+func (b controllerBackend) Zones() []string { return b.c.Zones() }
+
+type nodeBackend struct {
+	cloud   cloud.Cloud
+	mounter mounter.Mounter
+	nodeID  string
+}
+
+func (b nodeBackend) Info(ctx context.Context) (driver.NodeInfo, error) {
+	n, err := b.cloud.GetNode(ctx, b.nodeID)
+	if err != nil {
+		return driver.NodeInfo{}, err
+	}
+	return driver.NodeInfo{ID: n.ID, MaxVolumes: int64(n.MaxAttachments), Zone: n.Zone}, nil
+}
+
+func (b nodeBackend) Stats(ctx context.Context, path string) (driver.VolumeStats, error) {
+	s, err := b.mounter.Stats(ctx, path)
+	if errors.Is(err, mounter.ErrNotMounted) {
+		return driver.VolumeStats{}, fmt.Errorf("%s is not a mounted volume: %w", path, fs.ErrNotExist)
+	}
+	if err != nil {
+		return driver.VolumeStats{}, err
+	}
+	return driver.VolumeStats{TotalBytes: s.TotalBytes, AvailableBytes: s.AvailableBytes, UsedBytes: s.UsedBytes,
+		TotalInodes: s.TotalInodes, FreeInodes: s.FreeInodes, UsedInodes: s.UsedInodes, Block: s.Block}, nil
+}

@@ -1,0 +1,162 @@
+// Package driver serves CSI (spec v1.13): the Identity, Controller and Node
+// services. Handlers translate; they never act: each validates its request
+// (InvalidArgument first, before any lookup), submits a transition to the
+// operation engine, waits for the outcome within its context, and answers
+// from the volume record. gRPC codes come from the engine's errors (chosen
+// in one place, internal/ops) or from validation here.
+//
+// The driver never calls the cloud or the mounter; the read-only questions
+// it needs answered (capacity, node limits, filesystem usage) go through the
+// small Backend interfaces the caller provides.
+package driver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/ops"
+	"github.com/csid-dev/csid/internal/store"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// DefaultName is csid's default driver name (the CSIDriver object's name).
+const DefaultName = "csid.csi.dev"
+
+// TopologyKey is the topology segment csid reports and reads: the zone.
+const TopologyKey = "topology.csid.dev/zone"
+
+// Mode says which services a csid process serves.
+type Mode string
+
+// Modes.
+const (
+	ModeAll        Mode = "all"
+	ModeController Mode = "controller"
+	ModeNode       Mode = "node"
+)
+
+// Controller reports what the controller needs from the cloud.
+type ControllerBackend interface {
+	// Capacity is the bytes available for new volumes in a zone ("" for
+	// the default).
+	Capacity(ctx context.Context, zone string) (int64, error)
+	// Zones lists the backend's zones; nil when it has no topology.
+	Zones() []string
+}
+
+// NodeInfo is what a node reports about itself.
+type NodeInfo struct {
+	ID string
+	// MaxVolumes is the number of volumes the node can hold; 0 = unknown.
+	MaxVolumes int64
+	// Zone is the node's zone ("" without topology).
+	Zone string
+}
+
+// VolumeStats is the usage of a staged or published volume.
+type VolumeStats struct {
+	TotalBytes, AvailableBytes, UsedBytes int64
+	TotalInodes, FreeInodes, UsedInodes   int64
+	// Block: only TotalBytes is meaningful.
+	Block bool
+}
+
+// NodeBackend reports what the node service needs from the host.
+type NodeBackend interface {
+	Info(ctx context.Context) (NodeInfo, error)
+	// Stats reports the usage at path; a path that does not exist is an
+	// error wrapping fs.ErrNotExist.
+	Stats(ctx context.Context, path string) (VolumeStats, error)
+}
+
+// Engine is the part of the operation engine the driver uses.
+type Engine interface {
+	Submit(ctx context.Context, req ops.Request) (ops.Outcome, error)
+	Volume(id string) (*store.Volume, error)
+	ListVolumes(after string, max int) ([]store.Volume, string, error)
+	Ready() bool
+}
+
+// Config configures a Driver.
+type Config struct {
+	Name    string
+	Version string
+	Mode    Mode
+	Engine  Engine
+	// Controller is required in modes all and controller.
+	Controller ControllerBackend
+	// Node is required in modes all and node.
+	Node NodeBackend
+	// Topology: the backend has zones; csid advertises
+	// VOLUME_ACCESSIBILITY_CONSTRAINTS.
+	Topology bool
+	Log      zerolog.Logger
+}
+
+// Driver implements the CSI services.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedControllerServer
+	csi.UnimplementedNodeServer
+
+	cfg Config
+}
+
+// New builds a Driver.
+func New(cfg Config) (*Driver, error) {
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	switch cfg.Mode {
+	case ModeAll, ModeController, ModeNode:
+	default:
+		return nil, fmt.Errorf("unknown mode %q (all, controller or node)", cfg.Mode)
+	}
+	if cfg.Mode != ModeNode && cfg.Controller == nil {
+		return nil, fmt.Errorf("mode %s needs a controller backend", cfg.Mode)
+	}
+	if cfg.Mode != ModeController && cfg.Node == nil {
+		return nil, fmt.Errorf("mode %s needs a node backend", cfg.Mode)
+	}
+	return &Driver{cfg: cfg}, nil
+}
+
+// Register adds the services of the driver's mode to a gRPC server.
+func (d *Driver) Register(s *grpc.Server) {
+	csi.RegisterIdentityServer(s, d)
+	if d.cfg.Mode != ModeNode {
+		csi.RegisterControllerServer(s, d)
+	}
+	if d.cfg.Mode != ModeController {
+		csi.RegisterNodeServer(s, d)
+	}
+}
+
+// GetPluginInfo answers at once, also before recovery has finished.
+func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: d.cfg.Name, VendorVersion: d.cfg.Version}, nil
+}
+
+// GetPluginCapabilities reports the same set in every mode (the CSI rule for
+// one deployment): a controller service, topology when the backend has
+// zones, and offline volume expansion.
+func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	caps := []*csi.PluginCapability{
+		{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}},
+		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_OFFLINE}}},
+	}
+	if d.cfg.Topology {
+		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
+			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS}}})
+	}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// Probe is OK and ready once the engine has resumed every op left from an
+// earlier run; before that it is OK but not ready (the sidecars wait).
+func (d *Driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(d.cfg.Engine.Ready())}, nil
+}

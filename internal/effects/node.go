@@ -1,0 +1,238 @@
+package effects
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/crash"
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/ops"
+	"github.com/csid-dev/csid/internal/store"
+	"google.golang.org/grpc/codes"
+)
+
+// DefaultFsType is the filesystem of a mount volume whose capability names
+// none.
+const DefaultFsType = "ext4"
+
+// Node runs a node's events: it finds the disk's device through the host,
+// and formats, mounts and grows through the mounter.
+type Node struct {
+	Host    cloud.Host
+	Mounter mounter.Mounter
+}
+
+// Executors returns the node's executors by event.
+func (n *Node) Executors() map[fsm.Event]ops.Executor {
+	return map[fsm.Event]ops.Executor{
+		fsm.NodeStage:     stageExec{n},
+		fsm.NodeUnstage:   unstageExec{n},
+		fsm.NodePublish:   nodePublishExec{n},
+		fsm.NodeUnpublish: nodeUnpublishExec{n},
+		fsm.NodeExpand:    nodeExpandExec{n},
+	}
+}
+
+// diskOf is the disk a node op works on: the volume's, or (for a volume a
+// node adopted) the one the publish context names.
+func diskOf(v store.Volume, publishContext map[string]string) (string, error) {
+	if v.DiskID != "" {
+		return v.DiskID, nil
+	}
+	if id := publishContext[PublishContextDiskID]; id != "" {
+		return id, nil
+	}
+	return "", ops.Errorf(codes.FailedPrecondition, "volume %s: no disk recorded and no %s in the publish context", v.ID, PublishContextDiskID)
+}
+
+// device finds the block device of the volume's disk on this node.
+func (n *Node) device(ctx context.Context, v store.Volume, publishContext map[string]string) (string, error) {
+	diskID, err := diskOf(v, publishContext)
+	if err != nil {
+		return "", err
+	}
+	dev, err := n.Host.DevicePath(ctx, diskID)
+	if errors.Is(err, cloud.ErrNotFound) {
+		return "", ops.Errorf(codes.FailedPrecondition, "disk %s of volume %s is not attached to node %s", diskID, v.ID, n.Host.NodeID())
+	}
+	return dev, err
+}
+
+type stageExec struct{ n *Node }
+
+// Execute stages a volume: a mount volume's device is formatted if (and only
+// if) a successful probe finds it blank, mounted at the staging path, and
+// its filesystem grown to the device when the device is larger (after an
+// offline expansion). A block volume's staging only finds its device.
+func (e stageExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
+	a, err := ops.DecodeArgs[ops.NodeStageArgs](x.Op)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	dev, err := e.n.device(ctx, x.Volume, a.PublishContext)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	crash.Point(crash.NodeAfterLosetup)
+	size, err := e.n.Mounter.DeviceSize(ctx, dev)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	if a.Capability.AccessType == "block" {
+		return ops.Result{Device: dev, CapacityBytes: size}, nil
+	}
+	fsType := a.Capability.FsType
+	if fsType == "" {
+		fsType = DefaultFsType
+	}
+	m := e.n.Mounter
+	if fs, err := m.Filesystem(ctx, dev); err == nil && fs == "" {
+		x.Log.Info().Str("device", dev).Str("fs", fsType).Msg("formatting a blank device")
+	}
+	if err := m.FormatAndMount(ctx, dev, a.StagingPath, fsType, a.Capability.MountFlags); err != nil {
+		return ops.Result{}, fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
+	}
+	crash.Point(crash.MounterAfterMount)
+	if grown, err := m.GrowFilesystem(ctx, dev, a.StagingPath); err != nil {
+		return ops.Result{}, fmt.Errorf("grow the filesystem of %s: %w", dev, err)
+	} else if grown {
+		x.Log.Info().Str("device", dev).Msg("grew the filesystem to the device")
+	}
+	return ops.Result{Device: dev, CapacityBytes: size}, nil
+}
+
+// Compensate unmounts what a failed stage may have mounted. It never
+// undoes a format: data, once written, is the user's.
+func (e stageExec) Compensate(ctx context.Context, x *ops.Exec) error {
+	a, err := ops.DecodeArgs[ops.NodeStageArgs](x.Op)
+	if err != nil {
+		return err
+	}
+	if a.Capability.AccessType == "block" {
+		return nil
+	}
+	return e.n.Mounter.Unmount(ctx, a.StagingPath)
+}
+
+type unstageExec struct{ n *Node }
+
+func (e unstageExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
+	a, err := ops.DecodeArgs[ops.NodeUnstageArgs](x.Op)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	if x.Volume.Capability.AccessType == "block" && !mounted(ctx, e.n.Mounter, a.StagingPath) {
+		return ops.Result{}, nil
+	}
+	return ops.Result{}, e.n.Mounter.Unmount(ctx, a.StagingPath)
+}
+
+func (unstageExec) Compensate(context.Context, *ops.Exec) error { return nil }
+
+func mounted(ctx context.Context, m mounter.Mounter, path string) bool {
+	ok, err := m.IsMounted(ctx, path)
+	return err == nil && ok
+}
+
+type nodePublishExec struct{ n *Node }
+
+// Execute bind-mounts the staging mount (a filesystem volume) or the device
+// (a raw block volume) at the target path, read-only if asked.
+func (e nodePublishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
+	a, err := ops.DecodeArgs[ops.NodePublishArgs](x.Op)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	if a.Capability.AccessType == "block" {
+		dev := ""
+		if x.Volume.Stage != nil {
+			dev = x.Volume.Stage.Device
+		}
+		if dev == "" {
+			if dev, err = e.n.device(ctx, x.Volume, nil); err != nil {
+				return ops.Result{}, err
+			}
+		}
+		return ops.Result{}, e.n.Mounter.BindMountDevice(ctx, dev, a.TargetPath, a.ReadOnly)
+	}
+	if !mounted(ctx, e.n.Mounter, a.StagingPath) {
+		return ops.Result{}, ops.Errorf(codes.FailedPrecondition, "volume %s is not mounted at its staging path %s", x.Op.VolumeID, a.StagingPath)
+	}
+	return ops.Result{}, e.n.Mounter.BindMount(ctx, a.StagingPath, a.TargetPath, a.ReadOnly)
+}
+
+// Compensate unmounts and removes the target a failed publish may have left.
+func (e nodePublishExec) Compensate(ctx context.Context, x *ops.Exec) error {
+	a, err := ops.DecodeArgs[ops.NodePublishArgs](x.Op)
+	if err != nil {
+		return err
+	}
+	return e.n.Mounter.Unmount(ctx, a.TargetPath)
+}
+
+type nodeUnpublishExec struct{ n *Node }
+
+// Execute unmounts the target and removes it (the CSI spec makes the plugin
+// remove what it created at the target path).
+func (e nodeUnpublishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
+	a, err := ops.DecodeArgs[ops.NodeUnpublishArgs](x.Op)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	return ops.Result{}, e.n.Mounter.Unmount(ctx, a.TargetPath)
+}
+
+func (nodeUnpublishExec) Compensate(context.Context, *ops.Exec) error { return nil }
+
+type nodeExpandExec struct{ n *Node }
+
+// Execute grows the staged filesystem to its device and reports the size.
+func (e nodeExpandExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
+	st := x.Volume.Stage
+	if st == nil {
+		return ops.Result{}, ops.Errorf(codes.FailedPrecondition, "volume %s is not staged on this node", x.Op.VolumeID)
+	}
+	dev := st.Device
+	if dev == "" {
+		var err error
+		if dev, err = e.n.Mounter.DeviceOf(ctx, st.Path); err != nil {
+			return ops.Result{}, err
+		}
+	}
+	if _, err := e.n.Mounter.GrowFilesystem(ctx, dev, st.Path); err != nil {
+		return ops.Result{}, fmt.Errorf("grow the filesystem of %s: %w", dev, err)
+	}
+	size, err := e.n.Mounter.DeviceSize(ctx, dev)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	return ops.Result{CapacityBytes: size}, nil
+}
+
+func (nodeExpandExec) Compensate(context.Context, *ops.Exec) error { return nil }
+
+// Adopt is the node's ops.Adopter: the first time a node is asked to stage
+// a volume it has no record of (a node process keeps its own records), it
+// finds the disk the publish context names attached to this node and starts
+// a record for it in NODE_READY. A disk not attached here is NotFound.
+func (n *Node) Adopt(ctx context.Context, volumeID string, a *ops.NodeStageArgs) (*store.Volume, error) {
+	diskID := a.PublishContext[PublishContextDiskID]
+	if diskID == "" {
+		return nil, ops.Errorf(codes.NotFound, "volume %s is unknown to this node and the publish context names no disk (%s)", volumeID, PublishContextDiskID)
+	}
+	dev, err := n.Host.DevicePath(ctx, diskID)
+	if errors.Is(err, cloud.ErrNotFound) {
+		return nil, ops.Errorf(codes.NotFound, "volume %s (disk %s) is not attached to node %s", volumeID, diskID, n.Host.NodeID())
+	} else if err != nil {
+		return nil, err
+	}
+	size, err := n.Mounter.DeviceSize(ctx, dev)
+	if err != nil {
+		return nil, err
+	}
+	return &store.Volume{ID: volumeID, DiskID: diskID, CapacityBytes: size, Capability: a.Capability,
+		Attachment: &store.Attachment{Node: n.Host.NodeID(), PublishContext: a.PublishContext}}, nil
+}
