@@ -54,6 +54,11 @@ type Options struct {
 	Log             zerolog.Logger
 	// Ready, if set, is closed once the process answers Probe as ready.
 	Ready chan<- struct{}
+	// Fake, if set, is the provider of Cloud "fake" (tests and benchmarks
+	// that set its latency or read its call log); nil makes a new one.
+	Fake *fake.Cloud
+	// FakeLatency sets the fake provider's latency per operation kind.
+	FakeLatency map[cloud.OpKind]time.Duration
 }
 
 // StateFile is the state file of a mode inside a state directory.
@@ -212,8 +217,14 @@ func newProvider(ctx context.Context, o Options) (*provider, error) {
 		if zone == "" {
 			zone = "fake"
 		}
-		c := fake.New(fake.Options{Zones: []string{zone}})
-		if err := c.AddNode(cloud.Node{ID: o.NodeID, Zone: zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil {
+		c := o.Fake
+		if c == nil {
+			c = fake.New(fake.Options{Zones: []string{zone}})
+		}
+		for kind, d := range o.FakeLatency {
+			c.SetLatency(kind, d)
+		}
+		if err := c.AddNode(cloud.Node{ID: o.NodeID, Zone: zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil && !errors.Is(err, cloud.ErrAlreadyExists) {
 			return nil, err
 		}
 		m := fakemount.New()
