@@ -24,6 +24,7 @@ import (
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/mounter/fakemount"
 	"github.com/csid-dev/csid/internal/ops"
+	"github.com/csid-dev/csid/internal/reconcile"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
@@ -148,7 +149,21 @@ func Run(ctx context.Context, o Options) error {
 	go func() { served <- srv.Serve(lis) }()
 	log.Info().Str("endpoint", sock).Str("state", st.Path()).Str("cloud", o.Cloud).Msg("serving CSI; resuming operations")
 
-	// Identity answers from here on; Probe says ready once ops are resumed.
+	// Identity answers from here on; Probe says ready once the records are
+	// reconciled with the cloud and the host, and ops are resumed.
+	rec := reconcile.Reconciler{Store: st, Cloud: p.cloud, Host: p.host, Mounter: p.mounter, Log: log.With().Str("component", "reconcile").Logger()}
+	if o.Mode != driver.ModeNode {
+		if _, err := rec.Controller(ctx); err != nil {
+			srv.Stop()
+			return fmt.Errorf("rebuild records from the cloud: %w", err)
+		}
+	}
+	if o.Mode != driver.ModeController {
+		if _, err := rec.Node(ctx); err != nil {
+			srv.Stop()
+			return fmt.Errorf("reconcile with the host: %w", err)
+		}
+	}
 	if err := eng.Start(ctx); err != nil {
 		srv.Stop()
 		return fmt.Errorf("resume operations: %w", err)

@@ -263,7 +263,7 @@ func (p *planner) planControllerPublish(req Request, v *store.Volume, active *st
 		switch {
 		case att.Node != a.Node:
 			return rejectf(codes.FailedPrecondition, "volume %s is published to node %s; it can be attached to one node at a time", v.ID, att.Node)
-		case att.Fingerprint != want:
+		case att.Fingerprint != "" && att.Fingerprint != want: // "": rebuilt, the original is unknown
 			return rejectf(codes.AlreadyExists, "volume %s is published to node %s with another capability or read-only flag", v.ID, a.Node)
 		}
 		return doneWith(v)
@@ -331,9 +331,9 @@ func (p *planner) planNodeStage(req Request, v *store.Volume, active *store.Op, 
 	want := capFingerprint(a.Capability)
 	if st := v.Stage; st != nil && !undoing(active, fsm.NodeStage) {
 		switch {
-		case st.Path != a.StagingPath:
+		case st.Path != "" && st.Path != a.StagingPath:
 			return rejectf(codes.FailedPrecondition, "volume %s is staged at %s, not at %s", v.ID, st.Path, a.StagingPath)
-		case st.Fingerprint != want:
+		case st.Fingerprint != "" && st.Fingerprint != want:
 			return rejectf(codes.AlreadyExists, "volume %s is staged at %s with another capability", v.ID, st.Path)
 		}
 		return doneWith(v)
@@ -370,7 +370,7 @@ func (p *planner) planNodeUnstage(req Request, v *store.Volume, active *store.Op
 			}
 		}
 	}
-	if v.Stage == nil || v.Stage.Path != a.StagingPath {
+	if v.Stage == nil || (v.Stage.Path != "" && v.Stage.Path != a.StagingPath) { // "": adopted block stage
 		return doneWith(v)
 	}
 	if active != nil {
@@ -390,7 +390,7 @@ func (p *planner) planNodePublish(req Request, v *store.Volume, active *store.Op
 	}
 	want := capFingerprint(a.Capability, a.ReadOnly, a.StagingPath)
 	if t, ok := v.Targets[a.TargetPath]; ok && !undoingTarget(active, a.TargetPath) {
-		if t.Fingerprint != want {
+		if t.Fingerprint != "" && t.Fingerprint != want {
 			return rejectf(codes.AlreadyExists, "volume %s is published at %s with another capability or read-only flag", v.ID, a.TargetPath)
 		}
 		return doneWith(v)
@@ -404,7 +404,7 @@ func (p *planner) planNodePublish(req Request, v *store.Volume, active *store.Op
 	if d, bad := accessMismatch(v, a.Capability); bad {
 		return d, nil
 	}
-	if v.Stage != nil && v.Stage.Path != a.StagingPath {
+	if v.Stage != nil && v.Stage.Path != "" && v.Stage.Path != a.StagingPath {
 		return rejectf(codes.FailedPrecondition, "volume %s is staged at %s, not at %s", v.ID, v.Stage.Path, a.StagingPath)
 	}
 	return p.acceptStep(v, fsm.NodePublish, fsm.NoGuard, raw, fp)

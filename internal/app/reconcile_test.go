@@ -1,0 +1,233 @@
+package app
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/testutil"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
+)
+
+// split runs a controller and a node csid on one state dir, as the
+// Kubernetes deploy does on a single-node cluster with the local backend.
+type split struct {
+	dir              string
+	controller, node *instance
+	c, n             client
+}
+
+func startSplit(t *testing.T, dir string) *split {
+	t.Helper()
+	s := &split{dir: dir}
+	s.startController(t)
+	s.startNode(t)
+	return s
+}
+
+func (s *split) startController(t *testing.T) {
+	t.Helper()
+	s.controller = startCSID(t, Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeController, Endpoint: "unix://" + s.dir + "/controller.sock", Log: zerolog.Nop()})
+	s.c = dial(t, s.controller.socket)
+}
+
+func (s *split) startNode(t *testing.T) {
+	t.Helper()
+	s.node = startCSID(t, Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1", Endpoint: "unix://" + s.dir + "/node.sock", Log: zerolog.Nop()})
+	s.n = dial(t, s.node.socket)
+}
+
+// kubeletPaths are where kubelet stages and publishes a filesystem volume.
+func kubeletPaths(root, volumeID string, pods ...string) (stage string, targets []string) {
+	stage = filepath.Join(root, "plugins/kubernetes.io/csi", driver.DefaultName, volumeID[4:14], "globalmount")
+	for _, pod := range pods {
+		targets = append(targets, filepath.Join(root, "pods", pod, "volumes/kubernetes.io~csi/pv-"+volumeID[4:10], "mount"))
+	}
+	return stage, targets
+}
+
+// useVolume creates a volume, attaches it to node-1, stages it and
+// publishes it at the targets; it returns the volume id.
+func useVolume(t *testing.T, c, n client, name, stage string, targets []string) string {
+	t.Helper()
+	ctx := context.Background()
+	vc := mountCap("ext4")
+	id := r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: capRange(64 << 20), VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t).Volume.VolumeId
+	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	if stage == "" {
+		return id
+	}
+	if err := os.MkdirAll(stage, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	r(n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).must(t)
+	for _, tp := range targets {
+		if err := os.MkdirAll(filepath.Dir(tp), 0o750); err != nil {
+			t.Fatal(err)
+		}
+		r(n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: tp, StagingTargetPath: stage, VolumeCapability: vc})).must(t)
+	}
+	return id
+}
+
+func listVolumes(t *testing.T, c client) []*csi.ListVolumesResponse_Entry {
+	t.Helper()
+	entries := r(c.ListVolumes(context.Background(), &csi.ListVolumesRequest{})).must(t).Entries
+	slices.SortFunc(entries, func(a, b *csi.ListVolumesResponse_Entry) int {
+		if a.Volume.VolumeId < b.Volume.VolumeId {
+			return -1
+		}
+		return 1
+	})
+	return entries
+}
+
+// TestControllerRebuildsItsRecordsFromTheCloud: the controller's state file
+// is deleted (its pod moved to a node without it) and the controller
+// restarted; before it answers ready it has rebuilt every volume and every
+// attachment from the cloud, and the CO's calls go on as before.
+func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := shortTempDir(t)
+	s := startSplit(t, dir)
+	ctx := context.Background()
+	kubelet := filepath.Join(dir, "kubelet")
+	stage, targets := "", []string(nil)
+	id1 := useVolume(t, s.c, s.n, "pvc-detached", "", nil)
+	r(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id1, NodeId: "node-1"})).must(t)
+	id2 := useVolume(t, s.c, s.n, "pvc-attached", "", nil)
+	stage, targets = kubeletPaths(kubelet, "vol-in-use-00000000", "pod-a")
+	id3 := useVolume(t, s.c, s.n, "pvc-in-use", stage, targets)
+	before := listVolumes(t, s.c)
+	if len(before) != 3 {
+		t.Fatalf("%d volumes before", len(before))
+	}
+
+	s.controller.stop(t)
+	if err := os.Remove(StateFile(dir, driver.ModeController)); err != nil {
+		t.Fatal(err)
+	}
+	s.startController(t)
+
+	after := listVolumes(t, s.c)
+	if len(after) != len(before) {
+		t.Fatalf("after the rebuild: %d volumes, before %d", len(after), len(before))
+	}
+	for i := range before {
+		if !proto.Equal(before[i], after[i]) {
+			t.Errorf("volume %d before %v, after the rebuild %v", i, before[i], after[i])
+		}
+	}
+	// The CO's repeats are answered as before: create by name, publish.
+	vc := mountCap("ext4")
+	cv := r(s.c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-in-use", CapacityRange: capRange(64 << 20), VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t)
+	if cv.Volume.VolumeId != id3 {
+		t.Fatalf("create by name after the rebuild gave %s, want %s", cv.Volume.VolumeId, id3)
+	}
+	r(s.c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id2, NodeId: "node-1", VolumeCapability: vc})).must(t)
+
+	// And everything comes down cleanly.
+	for _, tp := range targets {
+		r(s.n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id3, TargetPath: tp})).must(t)
+	}
+	r(s.n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id3, StagingTargetPath: stage})).must(t)
+	for _, id := range []string{id1, id2, id3} {
+		r(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
+		r(s.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+	}
+	s.controller.stop(t)
+	s.node.stop(t)
+	checkNothingLeft(t, "rebuild", dir)
+}
+
+// TestNodeReconcilesAfterLosingItsStateFile: with a volume staged and
+// published at two targets (kubelet's paths), the node's state file is
+// deleted and the node restarted; it adopts the mounts it finds, so stats
+// work, and NodeUnpublish/NodeUnstage still clean up.
+func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := shortTempDir(t)
+	s := startSplit(t, dir)
+	ctx := context.Background()
+	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a", "pod-b")
+	id := useVolume(t, s.c, s.n, "pvc-a", stage, targets)
+	if err := os.WriteFile(filepath.Join(targets[0], "data"), []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	s.node.stop(t)
+	if err := os.Remove(StateFile(dir, driver.ModeNode)); err != nil {
+		t.Fatal(err)
+	}
+	s.startNode(t)
+
+	for _, p := range append([]string{stage}, targets...) {
+		st := r(s.n.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p})).must(t)
+		if len(st.Usage) == 0 || st.Usage[0].Total == 0 {
+			t.Fatalf("stats at %s after the node lost its state: %v", p, st)
+		}
+	}
+	for _, tp := range targets {
+		r(s.n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tp})).must(t)
+		if _, err := os.Lstat(tp); !os.IsNotExist(err) {
+			t.Fatalf("target %s still there after NodeUnpublish: %v", tp, err)
+		}
+	}
+	r(s.n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
+	if ok, _ := mounter.New().IsMounted(ctx, stage); ok {
+		t.Fatal("the staging path is still mounted after NodeUnstage")
+	}
+	r(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
+	r(s.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+	s.controller.stop(t)
+	s.node.stop(t)
+	checkNothingLeft(t, "node reconcile", dir)
+}
+
+// TestNodeRollsBackRecordsWhoseMountsVanished: the node's mounts disappear
+// while csid is down (a reboot); at start csid rolls its records back, so
+// kubelet's repeated NodeStage/NodePublish really mount again (instead of
+// being told they are done) and the data is there.
+func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := shortTempDir(t)
+	in := startCSID(t, Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	c := dial(t, in.socket)
+	ctx := context.Background()
+	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
+	id := useVolume(t, c, c, "pvc-a", stage, targets)
+	if err := os.WriteFile(filepath.Join(targets[0], "data"), []byte("before the reboot"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.stop(t)
+	m := mounter.New()
+	for _, p := range append(targets, stage) { // the reboot
+		if err := m.Unmount(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in = startCSID(t, Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	c = dial(t, in.socket)
+	vc := mountCap("ext4")
+	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	if err := os.MkdirAll(stage, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).must(t)
+	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: targets[0], StagingTargetPath: stage, VolumeCapability: vc})).must(t)
+	if got, err := os.ReadFile(filepath.Join(targets[0], "data")); err != nil || string(got) != "before the reboot" {
+		t.Fatalf("after the reboot the pod sees %q, %v", got, err)
+	}
+	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targets[0]})).must(t)
+	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
+	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
+	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+	in.stop(t)
+	checkNothingLeft(t, "reboot", dir)
+}

@@ -1,0 +1,342 @@
+// Package reconcile brings csid's records in line with reality at start-up,
+// before the driver answers ready:
+//
+//   - Controller: a state file with no volumes at all (the controller pod
+//     moved to a node without its old file) is rebuilt from the cloud: every
+//     disk csid created carries its volume id, name, capability and
+//     parameters as tags, and the cloud says where it is attached.
+//   - Node: the host's mounts are the truth about what is staged and
+//     published. A record whose mounts are gone (the node rebooted) is
+//     rolled back, so that kubelet's next NodeStageVolume mounts again
+//     instead of being told it is done; a csid device mounted on this node
+//     that no record explains (the node's state file was lost) is adopted,
+//     so NodeUnpublishVolume and NodeUnstageVolume clean it up.
+//
+// Each correction is written with a history note that says what was found.
+// Volumes with an op in flight are left to that op (recovery resumes it).
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/effects"
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/store"
+	"github.com/rs/zerolog"
+)
+
+// Reconciler holds what a reconciliation looks at.
+type Reconciler struct {
+	Store *store.Store
+	Cloud cloud.Cloud
+	// Host and Mounter are needed for Node only.
+	Host    cloud.Host
+	Mounter mounter.Mounter
+	Log     zerolog.Logger
+	Now     func() time.Time
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// Controller rebuilds the volume records from the cloud when the store has
+// never held any (no volume, no op). It returns how many it rebuilt.
+func (r *Reconciler) Controller(ctx context.Context) (int, error) {
+	empty := true
+	err := r.Store.View(func(tx *store.Tx) error {
+		if tx.CountVolumes() > 0 {
+			empty = false
+			return nil
+		}
+		return tx.ForEachOp(func(*store.Op) bool { empty = false; return false })
+	})
+	if err != nil || !empty {
+		return 0, err
+	}
+	var vols []*store.Volume
+	token := ""
+	for {
+		page, err := r.Cloud.ListDisks(ctx, cloud.ListOptions{PageToken: token, MaxResults: 500})
+		if err != nil {
+			return 0, fmt.Errorf("list the cloud's disks: %w", err)
+		}
+		for _, d := range page.Disks {
+			v, err := fromDisk(d)
+			if err != nil {
+				r.Log.Warn().Str("disk", d.ID).Err(err).Msg("disk not rebuilt")
+				continue
+			}
+			if v != nil {
+				vols = append(vols, v)
+			}
+		}
+		if token = page.NextToken; token == "" {
+			break
+		}
+	}
+	now := r.now()
+	err = r.Store.Update(func(tx *store.Tx) error {
+		for _, v := range vols {
+			v := v.Clone()
+			v.CreatedAt, v.UpdatedAt = now, now
+			outcome := fmt.Sprintf("rebuilt from the cloud: disk %s", v.DiskID)
+			if n := v.Node(); n != "" {
+				outcome += ", attached to " + n
+			}
+			if err := tx.Adopt(v, store.HistoryEntry{Time: now, Event: fsm.Create, From: fsm.Absent, To: v.State, Outcome: outcome}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if len(vols) > 0 {
+		r.Log.Warn().Int("volumes", len(vols)).Msg("the state file was empty: volume records rebuilt from the cloud")
+	}
+	return len(vols), nil
+}
+
+// fromDisk rebuilds a volume record from a disk csid created (nil for a
+// disk without csid's tags: not csid's).
+func fromDisk(d cloud.Disk) (*store.Volume, error) {
+	id := d.Tags[effects.TagVolumeID]
+	if id == "" {
+		return nil, nil
+	}
+	v := &store.Volume{ID: id, Name: d.Tags[effects.TagName], DiskID: d.ID, CapacityBytes: d.SizeBytes, Zone: d.Zone, State: fsm.Created}
+	if err := json.Unmarshal([]byte(d.Tags[effects.TagCapability]), &v.Capability); err != nil {
+		return nil, fmt.Errorf("capability tag: %w", err)
+	}
+	if raw := d.Tags[effects.TagParameters]; raw != "" && raw != "null" {
+		if err := json.Unmarshal([]byte(raw), &v.Parameters); err != nil {
+			return nil, fmt.Errorf("parameters tag: %w", err)
+		}
+	}
+	if d.AttachedTo != "" {
+		v.State = fsm.NodeReady
+		// The fingerprint of the original publish is unknown: the next
+		// ControllerPublishVolume to this node is accepted as its repeat.
+		v.Attachment = &store.Attachment{Node: d.AttachedTo, PublishContext: map[string]string{effects.PublishContextDiskID: d.ID}}
+	}
+	return v, nil
+}
+
+// Report says what Node changed.
+type Report struct {
+	RolledBack []string // volumes whose mounts were gone
+	Adopted    []string // volumes found mounted without a record
+}
+
+// Node reconciles this node's records with the host's mount table.
+func (r *Reconciler) Node(ctx context.Context) (Report, error) {
+	var rep Report
+	mounts, err := r.Mounter.List(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("read the mount table: %w", err)
+	}
+	devices, err := r.Host.Devices(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("list this node's devices: %w", err)
+	}
+	var vols []*store.Volume
+	err = r.Store.View(func(tx *store.Tx) error {
+		return tx.ForEachVolume("", func(v *store.Volume) bool { vols = append(vols, v); return true })
+	})
+	if err != nil {
+		return rep, err
+	}
+	byID := map[string]*store.Volume{}
+	for _, v := range vols {
+		byID[v.ID] = v
+	}
+	node := r.Host.NodeID()
+	var fixes []fix
+	for diskID, dev := range devices {
+		d, err := r.Cloud.GetDisk(ctx, diskID)
+		if err != nil || d.AttachedTo != node || d.Tags[effects.TagVolumeID] == "" {
+			continue // not ours to explain here: `csid check` reports strays
+		}
+		v := byID[d.Tags[effects.TagVolumeID]]
+		if v != nil && v.ActiveOp != 0 {
+			continue
+		}
+		stage, targets := mountsOf(mounts, dev)
+		if stage == "" && len(targets) == 0 {
+			continue
+		}
+		if v != nil && v.Stage != nil && (v.Stage.Path == stage || stage == "") && coversTargets(v, targets) {
+			continue // the record already explains these mounts
+		}
+		nv := adoptMounts(v, d, dev, stage, targets, node)
+		fixes = append(fixes, fix{v: nv, note: fmt.Sprintf("adopted from the host: %s mounted at %s", dev, strings.Join(append(nonEmpty(stage), targets...), ", "))})
+		rep.Adopted = append(rep.Adopted, nv.ID)
+		byID[nv.ID] = nv
+	}
+	for _, v := range vols {
+		if v.ActiveOp != 0 || (v.State != fsm.VolReady && v.State != fsm.Published) || slices.Contains(rep.Adopted, v.ID) {
+			continue
+		}
+		if nv, why := dropVanished(v, mounts); nv != nil {
+			fixes = append(fixes, fix{v: nv, note: why})
+			rep.RolledBack = append(rep.RolledBack, v.ID)
+		}
+	}
+	if len(fixes) == 0 {
+		return rep, nil
+	}
+	now := r.now()
+	err = r.Store.Update(func(tx *store.Tx) error {
+		for _, f := range fixes {
+			from := fsm.Absent
+			if cur, err := tx.Volume(f.v.ID); err != nil {
+				return err
+			} else if cur != nil {
+				from = cur.State
+			}
+			v := f.v.Clone()
+			v.Generation++
+			if v.CreatedAt.IsZero() {
+				v.CreatedAt = now
+			}
+			v.UpdatedAt = now
+			if err := tx.Adopt(v, store.HistoryEntry{Time: now, Event: fsm.NodeStage, From: from, To: v.State,
+				Generation: v.Generation, Outcome: "reconciled: " + f.note}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		r.Log.Warn().Strs("rolled_back", rep.RolledBack).Strs("adopted", rep.Adopted).Msg("node records reconciled with the host's mounts")
+	}
+	return rep, err
+}
+
+type fix struct {
+	v    *store.Volume
+	note string
+}
+
+func nonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return []string{s}
+}
+
+// mountsOf finds the staging mount and the targets of a device. A
+// filesystem's staging mount and the bind mounts of it look alike in the
+// mount table; the staging mount is the one at kubelet's ".../globalmount",
+// else the one mounted first. A raw block target is a bind mount of the
+// device node (devtmpfs, root /loopN); block volumes have no staging mount.
+func mountsOf(mounts []mounter.MountPoint, dev string) (stage string, targets []string) {
+	var fs []string
+	for _, m := range mounts {
+		switch {
+		case m.Device == dev:
+			fs = append(fs, m.Path)
+		case m.Type == "devtmpfs" && m.Root == "/"+filepath.Base(dev):
+			targets = append(targets, m.Path)
+		}
+	}
+	if len(fs) == 0 {
+		return "", targets
+	}
+	i := slices.IndexFunc(fs, func(p string) bool { return filepath.Base(p) == "globalmount" })
+	if i < 0 {
+		i = 0
+	}
+	stage = fs[i]
+	return stage, append(targets, slices.Delete(fs, i, i+1)...)
+}
+
+func coversTargets(v *store.Volume, targets []string) bool {
+	for _, t := range targets {
+		if _, ok := v.Targets[t]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// adoptMounts builds the record that explains a device's mounts: the
+// existing record (if any) with the stage and targets found, or a new one
+// from the disk's tags.
+func adoptMounts(v *store.Volume, d cloud.Disk, dev, stage string, targets []string, node string) *store.Volume {
+	if v == nil {
+		v, _ = fromDisk(d)
+		if v == nil {
+			v = &store.Volume{ID: d.Tags[effects.TagVolumeID], DiskID: d.ID, CapacityBytes: d.SizeBytes}
+		}
+	} else {
+		v = v.Clone()
+	}
+	if v.Attachment == nil {
+		v.Attachment = &store.Attachment{Node: node, PublishContext: map[string]string{effects.PublishContextDiskID: d.ID}}
+	}
+	if stage != "" || v.Capability.AccessType == "block" {
+		v.Stage = &store.Stage{Path: stage, Device: dev}
+	}
+	if v.Targets == nil {
+		v.Targets = map[string]store.Target{}
+	}
+	for _, t := range targets {
+		if _, ok := v.Targets[t]; !ok {
+			v.Targets[t] = store.Target{} // fingerprint unknown: any compatible repeat is accepted
+		}
+	}
+	v.State = fsm.VolReady
+	if len(v.Targets) > 0 {
+		v.State = fsm.Published
+	} else {
+		v.Targets = nil
+	}
+	return v
+}
+
+// dropVanished returns the record without the mounts the host no longer
+// has, or nil when they are all there.
+func dropVanished(v *store.Volume, mounts []mounter.MountPoint) (*store.Volume, string) {
+	mounted := map[string]bool{}
+	for _, m := range mounts {
+		mounted[m.Path] = true
+	}
+	nv := v.Clone()
+	var gone []string
+	for t := range v.Targets {
+		if !mounted[t] {
+			delete(nv.Targets, t)
+			gone = append(gone, t)
+		}
+	}
+	stageGone := v.Capability.AccessType != "block" && v.Stage != nil && v.Stage.Path != "" && !mounted[v.Stage.Path]
+	if stageGone {
+		gone = append(gone, v.Stage.Path)
+		nv.Stage, nv.Targets = nil, nil
+	}
+	if len(gone) == 0 {
+		return nil, ""
+	}
+	slices.Sort(gone)
+	switch {
+	case nv.Stage == nil:
+		nv.State = fsm.NodeReady
+	case len(nv.Targets) == 0:
+		nv.State, nv.Targets = fsm.VolReady, nil
+	}
+	return nv, fmt.Sprintf("no longer mounted: %s (was the node restarted?)", strings.Join(gone, ", "))
+}
