@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/hostscrub"
 	"github.com/rs/zerolog"
 )
 
@@ -78,6 +79,11 @@ func shortTempDir(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		if os.Geteuid() == 0 {
+			hostscrub.Scrub(context.Background(), dir) // a failed test may leave mounts and loop devices
+		}
+		os.RemoveAll(dir)
+	})
 	return dir
 }

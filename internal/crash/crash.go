@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 )
@@ -26,6 +27,10 @@ const (
 	// EnvLog names a file to which a point appends its name just before it
 	// fires, so a drill can tell which points fired.
 	EnvLog = "CSID_CRASH_LOG"
+	// EnvCount names a file to which every point reached appends its name,
+	// without firing (a drill's census of which points a scenario reaches,
+	// and how often).
+	EnvCount = "CSID_CRASH_COUNT"
 )
 
 // The crash points compiled into csid. Drills iterate over Points.
@@ -61,6 +66,9 @@ type arming struct {
 	hit  int64 // fire on this hit (1-based)
 	n    atomic.Int64
 	log  string
+	// count, when set, makes every point append its name here instead.
+	count *os.File
+	mu    sync.Mutex
 }
 
 var armed atomic.Pointer[arming]
@@ -87,13 +95,43 @@ func Arm(spec, logPath string) error {
 	return nil
 }
 
-// ArmFromEnv arms the point named by CSID_CRASH_AT, if set.
-func ArmFromEnv() error { return Arm(os.Getenv(EnvAt), os.Getenv(EnvLog)) }
+// Count makes every point append its name to the file at path instead of
+// firing; "" stops counting.
+func Count(path string) error {
+	if path == "" {
+		armed.Store(nil)
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("crash point census: %w", err)
+	}
+	armed.Store(&arming{count: f})
+	return nil
+}
+
+// ArmFromEnv arms the point named by CSID_CRASH_AT, if set, or starts a
+// census into the file named by CSID_CRASH_COUNT.
+func ArmFromEnv() error {
+	if p := os.Getenv(EnvCount); p != "" {
+		return Count(p)
+	}
+	return Arm(os.Getenv(EnvAt), os.Getenv(EnvLog))
+}
 
 // Point marks a crash point. Unarmed, it does nothing.
 func Point(name string) {
 	a := armed.Load()
-	if a == nil || a.name != name {
+	if a == nil {
+		return
+	}
+	if a.count != nil {
+		a.mu.Lock()
+		fmt.Fprintln(a.count, name)
+		a.mu.Unlock()
+		return
+	}
+	if a.name != name {
 		return
 	}
 	if a.n.Add(1) != a.hit {

@@ -1,0 +1,302 @@
+package drill
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/crash"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// cell is one run of a scenario, with csid killed at one hit of one crash
+// point (or, for a census, counting the points it reaches).
+type cell struct {
+	binary   string
+	dir      string
+	point    string // "" for a census
+	hit      int
+	census   string // census file, for a census run
+	p        *proc
+	armed    bool // the running process is the armed (or counting) one
+	restarts int
+	vols     map[string]*volume
+}
+
+// volume is what the orchestrator remembers of a volume it drives.
+type volume struct {
+	id      string
+	context map[string]string // publish context
+	size    int64
+	data    []byte // written into the filesystem, checked after crashes
+}
+
+func (c *cell) env(armed bool) []string {
+	switch {
+	case !armed:
+		return nil
+	case c.census != "":
+		return []string{crash.EnvCount + "=" + c.census}
+	default:
+		return []string{fmt.Sprintf("%s=%s:%d", crash.EnvAt, c.point, c.hit), crash.EnvLog + "=" + filepath.Join(c.dir, "fired")}
+	}
+}
+
+// run starts csid unarmed or armed, stopping the one that runs.
+func (c *cell) run(ctx context.Context, armed bool) error {
+	if c.p != nil {
+		if err := c.p.stop(); err != nil {
+			return err
+		}
+	}
+	p, err := start(ctx, c.binary, c.dir, c.env(armed))
+	if err != nil {
+		return err
+	}
+	c.p, c.armed = p, armed
+	return nil
+}
+
+// retryable are the codes a CSI sidecar treats as "may still be in progress"
+// and retries with the same arguments.
+func retryable(code codes.Code) bool {
+	switch code {
+	case codes.Aborted, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return true
+	}
+	return false
+}
+
+// call makes one CSI call the way an orchestrator does: with a deadline,
+// retrying with the same arguments after a retryable error or a deadline,
+// and through a crash: when csid has died (a crash point fired), it is
+// started again, unarmed, and the call retried. It returns once the call
+// gives want, or fails with what it got instead.
+func (c *cell) call(ctx context.Context, name string, want codes.Code, fn func(context.Context, clients) error) error {
+	backoff := 20 * time.Millisecond
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := fn(cctx, c.p.client)
+		cancel()
+		code := status.Code(err)
+		if code == want {
+			return nil
+		}
+		if code == codes.Unavailable || code == codes.Canceled || code == codes.DeadlineExceeded {
+			if c.p.dead(2 * time.Second) {
+				if !c.p.killedBySignal() {
+					return fmt.Errorf("%s: csid exited unexpectedly (%v; see csid.log)", name, c.p.err)
+				}
+				c.restarts++
+				if err := c.run(ctx, false); err != nil {
+					return fmt.Errorf("restart after the crash: %w", err)
+				}
+				continue
+			}
+		}
+		if !retryable(code) || time.Now().After(deadline) {
+			return fmt.Errorf("%s: got %v, want %s", name, err, want)
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// Kubelet-like paths of a volume's staging and target.
+func (c *cell) stagePath(name string) string {
+	return filepath.Join(c.dir, "kubelet/plugins/kubernetes.io/csi", "csid.csi.dev", name, "globalmount")
+}
+
+func (c *cell) targetPath(name string) string {
+	return filepath.Join(c.dir, "kubelet/pods", "pod-"+name, "volumes/kubernetes.io~csi", name, "mount")
+}
+
+var mountCap = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}
+
+const mib = int64(1) << 20
+
+func (c *cell) create(ctx context.Context, name string, size int64) error {
+	v := &volume{size: size}
+	err := c.call(ctx, "CreateVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		resp, err := cl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{mountCap}})
+		if err == nil {
+			v.id = resp.Volume.VolumeId
+		}
+		return err
+	})
+	c.vols[name] = v
+	return err
+}
+
+func (c *cell) delete(ctx context.Context, name string) error {
+	return c.call(ctx, "DeleteVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		_, err := cl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: c.vols[name].id})
+		return err
+	})
+}
+
+func (c *cell) controllerPublish(ctx context.Context, name string) error {
+	v := c.vols[name]
+	return c.call(ctx, "ControllerPublishVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		resp, err := cl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: NodeID, VolumeCapability: mountCap})
+		if err == nil {
+			v.context = resp.PublishContext
+		}
+		return err
+	})
+}
+
+func (c *cell) controllerUnpublish(ctx context.Context, name string) error {
+	return c.call(ctx, "ControllerUnpublishVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		_, err := cl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: c.vols[name].id, NodeId: NodeID})
+		return err
+	})
+}
+
+func (c *cell) stage(ctx context.Context, name string) error {
+	v := c.vols[name]
+	if err := os.MkdirAll(c.stagePath(name), 0o750); err != nil {
+		return err
+	}
+	return c.call(ctx, "NodeStageVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		_, err := cl.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: c.stagePath(name),
+			VolumeCapability: mountCap, PublishContext: v.context})
+		return err
+	})
+}
+
+func (c *cell) unstage(ctx context.Context, name string) error {
+	return c.call(ctx, "NodeUnstageVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		_, err := cl.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: c.vols[name].id, StagingTargetPath: c.stagePath(name)})
+		return err
+	})
+}
+
+func (c *cell) publish(ctx context.Context, name string) error {
+	if err := os.MkdirAll(filepath.Dir(c.targetPath(name)), 0o750); err != nil {
+		return err
+	}
+	return c.call(ctx, "NodePublishVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		_, err := cl.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: c.vols[name].id, TargetPath: c.targetPath(name),
+			StagingTargetPath: c.stagePath(name), VolumeCapability: mountCap})
+		return err
+	})
+}
+
+func (c *cell) unpublish(ctx context.Context, name string) error {
+	return c.call(ctx, "NodeUnpublishVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		_, err := cl.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: c.vols[name].id, TargetPath: c.targetPath(name)})
+		return err
+	})
+}
+
+// expand asks for size; want is FailedPrecondition while the volume is
+// attached (the resize is queued), OK once it has run.
+func (c *cell) expand(ctx context.Context, name string, size int64, want codes.Code) error {
+	v := c.vols[name]
+	return c.call(ctx, fmt.Sprintf("ControllerExpandVolume %s to %d", name, size), want, func(ctx context.Context, cl clients) error {
+		resp, err := cl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: v.id,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapability: mountCap})
+		if err == nil && resp.CapacityBytes < size {
+			return status.Errorf(codes.Internal, "expand answered OK at %d bytes, want %d", resp.CapacityBytes, size)
+		}
+		if err == nil {
+			v.size = resp.CapacityBytes
+		}
+		return err
+	})
+}
+
+// attach brings a volume up to PUBLISHED: attach, stage, publish.
+func (c *cell) attach(ctx context.Context, name string) error {
+	for _, f := range []func(context.Context, string) error{c.controllerPublish, c.stage, c.publish} {
+		if err := f(ctx, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// detach brings a published volume down to CREATED.
+func (c *cell) detach(ctx context.Context, name string) error {
+	for _, f := range []func(context.Context, string) error{c.unpublish, c.unstage, c.controllerUnpublish} {
+		if err := f(ctx, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeData writes a file into the published volume and syncs it: data the
+// user was told is written must survive every crash.
+func (c *cell) writeData(name string) error {
+	v := c.vols[name]
+	v.data = []byte(fmt.Sprintf("drill data of %s (%s)\n", name, v.id))
+	f, err := os.Create(filepath.Join(c.targetPath(name), "drill-data"))
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(v.data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// checkData reads the file back from the published volume.
+func (c *cell) checkData(name string) error {
+	v := c.vols[name]
+	if v.data == nil {
+		return nil
+	}
+	got, err := os.ReadFile(filepath.Join(c.targetPath(name), "drill-data"))
+	if err != nil {
+		return fmt.Errorf("data written to %s before the crash: %w", name, err)
+	}
+	if !bytes.Equal(got, v.data) {
+		return fmt.Errorf("data written to %s before the crash reads %q, want %q", name, got, v.data)
+	}
+	return nil
+}
+
+// checkSize checks that the staged filesystem fills the volume's size.
+func (c *cell) checkSize(ctx context.Context, name string) error {
+	v := c.vols[name]
+	var total int64
+	err := c.call(ctx, "NodeGetVolumeStats "+name, codes.OK, func(ctx context.Context, cl clients) error {
+		resp, err := cl.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: v.id, VolumePath: c.targetPath(name)})
+		if err == nil && len(resp.Usage) > 0 {
+			total = resp.Usage[0].Total
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if total < v.size*8/10 {
+		return fmt.Errorf("the filesystem of %s is %d bytes on a %d-byte volume: not grown", name, total, v.size)
+	}
+	return nil
+}
+

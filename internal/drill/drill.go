@@ -1,0 +1,305 @@
+// Package drill is csid's crash-recovery drill. It starts the real csid
+// binary (all-in-one, local backend, a temporary state dir), drives volumes
+// through scenarios the way an orchestrator does — including its retries
+// with the same arguments after an error or a deadline — kills csid with
+// SIGKILL at each hit of each crash point a scenario reaches, restarts it,
+// lets the retries come, and checks the invariants of csid's design:
+//
+//  1. every volume went through legal transitions that explain its state;
+//  2. every accepted op completed (none left queued, none failed);
+//  3. nothing leaked: no disk, loop device, mount or attachment is left once
+//     the scenario has brought everything down;
+//  4. no volume was attached while its resize was queued or running;
+//  5. data written before the crash reads back after it.
+//
+// A census run of each scenario first counts which crash points it
+// reaches and how often (the points are compiled into csid, inert unless
+// armed); then each hit is a cell of the matrix. Every crash point must fire
+// somewhere, or the drill fails.
+package drill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/csid-dev/csid/internal/crash"
+)
+
+// Config configures a drill.
+type Config struct {
+	// Binary is the csid executable to drill (default: this executable).
+	Binary string
+	// Dir is where the cells' temporary state dirs go (default: the system
+	// temporary directory). Keep its path short: a unix socket path holds
+	// at most 107 bytes.
+	Dir string
+	// Scenarios and Points select parts of the matrix (default: all).
+	Scenarios []string
+	Points    []string
+	// FirstHitOnly kills csid at the first hit of each point only, instead
+	// of at every hit the census counted.
+	FirstHitOnly bool
+	// Keep keeps the state dirs of passing cells too.
+	Keep bool
+	// Progress, if set, receives one line per cell as it starts.
+	Progress func(done, total int, c Cell)
+}
+
+// Cell is one case of the matrix: a scenario with csid killed at one hit of
+// one crash point.
+type Cell struct {
+	Scenario string `json:"scenario"`
+	Point    string `json:"point"`
+	Hit      int    `json:"hit"`
+	// Result is "pass", "fail", or "not-reached" (the point did not fire in
+	// this run although the census counted it: a timing-dependent hit).
+	Result string `json:"result"`
+	Reason string `json:"reason,omitempty"`
+	// Restarts is how many times csid was restarted after a crash.
+	Restarts int     `json:"restarts"`
+	Seconds  float64 `json:"seconds"`
+	// Dir is the state dir and logs of a failing cell, kept for inspection.
+	Dir string `json:"dir,omitempty"`
+}
+
+// Report is the outcome of a drill.
+type Report struct {
+	Cells []Cell `json:"cells"`
+	// Census is, per scenario, how often each crash point was reached.
+	Census map[string]map[string]int `json:"census"`
+	// Fired counts, per crash point, the cells in which it fired.
+	Fired map[string]int `json:"fired"`
+	// Unfired lists the crash points that never fired: a failure.
+	Unfired []string `json:"unfired,omitempty"`
+	Passed  int      `json:"passed"`
+	Failed  int      `json:"failed"`
+	Seconds float64  `json:"seconds"`
+	// Interrupted is set when the drill was stopped before the end.
+	Interrupted bool `json:"interrupted,omitempty"`
+}
+
+// OK reports whether the drill passed: no failing cell, every crash point
+// fired, not interrupted.
+func (r *Report) OK() bool { return r.Failed == 0 && len(r.Unfired) == 0 && !r.Interrupted }
+
+// Results
+const (
+	Pass       = "pass"
+	Fail       = "fail"
+	NotReached = "not-reached"
+)
+
+// Run runs the drill. It returns the report of what ran, also when ctx ends
+// early (then Interrupted is set); cells that were running are cleaned up.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	start := time.Now()
+	if cfg.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Binary = exe
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the drill needs root: csid's local backend uses loop devices, mkfs and mounts")
+	}
+	scenarios, err := pick(cfg.Scenarios)
+	if err != nil {
+		return nil, err
+	}
+	points := cfg.Points
+	if len(points) == 0 {
+		for p := range crash.Points {
+			points = append(points, p)
+		}
+	}
+	slices.Sort(points)
+	for _, p := range points {
+		if _, ok := crash.Points[p]; !ok {
+			return nil, fmt.Errorf("unknown crash point %q", p)
+		}
+	}
+	rep := &Report{Census: map[string]map[string]int{}, Fired: map[string]int{}}
+	type plan struct {
+		sc    scenario
+		point string
+		hit   int
+	}
+	var plans []plan
+	for _, sc := range scenarios {
+		census, err := runCensus(ctx, cfg, sc)
+		if err != nil {
+			if ctx.Err() != nil {
+				rep.Interrupted = true
+				return rep, nil
+			}
+			return rep, fmt.Errorf("census of scenario %s: %w", sc.Name, err)
+		}
+		rep.Census[sc.Name] = census
+		for _, p := range points {
+			hits := census[p]
+			if cfg.FirstHitOnly {
+				hits = min(hits, 1)
+			}
+			for h := 1; h <= hits; h++ {
+				plans = append(plans, plan{sc, p, h})
+			}
+		}
+	}
+	for i, pl := range plans {
+		if ctx.Err() != nil {
+			rep.Interrupted = true
+			break
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(i, len(plans), Cell{Scenario: pl.sc.Name, Point: pl.point, Hit: pl.hit})
+		}
+		c := runCell(ctx, cfg, pl.sc, pl.point, pl.hit)
+		if ctx.Err() != nil && c.Result == Fail {
+			scrub(c.Dir, false) // not a failure of csid: the drill was stopped
+			rep.Interrupted = true
+			break
+		}
+		rep.Cells = append(rep.Cells, c)
+		switch c.Result {
+		case Pass:
+			rep.Passed++
+			rep.Fired[c.Point]++
+		case Fail:
+			rep.Failed++
+			if c.Restarts > 0 {
+				rep.Fired[c.Point]++
+			}
+		}
+	}
+	if cfg.Progress != nil && !rep.Interrupted {
+		cfg.Progress(len(plans), len(plans), Cell{})
+	}
+	if !rep.Interrupted {
+		for _, p := range points {
+			if rep.Fired[p] == 0 {
+				rep.Unfired = append(rep.Unfired, p)
+			}
+		}
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	return rep, nil
+}
+
+func pick(names []string) ([]scenario, error) {
+	if len(names) == 0 {
+		return Scenarios, nil
+	}
+	var out []scenario
+	for _, n := range names {
+		i := slices.IndexFunc(Scenarios, func(s scenario) bool { return s.Name == n })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown scenario %q", n)
+		}
+		out = append(out, Scenarios[i])
+	}
+	return out, nil
+}
+
+// runCensus runs a scenario with every crash point counting instead of
+// firing during its main part, and returns how often each was reached.
+func runCensus(ctx context.Context, cfg Config, sc scenario) (map[string]int, error) {
+	dir, err := os.MkdirTemp(cfg.Dir, "csid-census-")
+	if err != nil {
+		return nil, err
+	}
+	defer scrub(dir, false)
+	c := &cell{binary: cfg.Binary, dir: dir, census: filepath.Join(dir, "census"), vols: map[string]*volume{}}
+	if err := c.scenario(ctx, sc); err != nil {
+		return nil, fmt.Errorf("%w (logs in %s/csid.log)", err, dir)
+	}
+	raw, err := os.ReadFile(c.census)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	counts := map[string]int{}
+	for _, p := range strings.Fields(string(raw)) {
+		counts[p]++
+	}
+	return counts, nil
+}
+
+// scenario runs setup unarmed, main armed, end unarmed, then stops csid.
+func (c *cell) scenario(ctx context.Context, sc scenario) error {
+	parts := []struct {
+		armed bool
+		f     func(context.Context, *cell) error
+	}{{false, sc.setup}, {true, sc.main}, {false, sc.end}}
+	for _, part := range parts {
+		if c.p == nil || c.armed != part.armed {
+			if err := c.run(ctx, part.armed); err != nil {
+				return err
+			}
+		}
+		if part.f != nil {
+			if err := part.f(ctx, c); err != nil {
+				return err
+			}
+		}
+	}
+	return c.p.stop()
+}
+
+// runCell runs one cell and checks the invariants afterwards.
+func runCell(ctx context.Context, cfg Config, sc scenario, point string, hit int) Cell {
+	started := time.Now()
+	res := Cell{Scenario: sc.Name, Point: point, Hit: hit}
+	dir, err := os.MkdirTemp(cfg.Dir, "csid-drill-")
+	if err != nil {
+		res.Result, res.Reason = Fail, err.Error()
+		return res
+	}
+	c := &cell{binary: cfg.Binary, dir: dir, point: point, hit: hit, vols: map[string]*volume{}}
+	err = c.scenario(ctx, sc)
+	if err == nil {
+		err = verify(ctx, dir)
+	}
+	fired, _ := os.ReadFile(filepath.Join(dir, "fired"))
+	res.Restarts = c.restarts
+	res.Seconds = time.Since(started).Seconds()
+	switch {
+	case err != nil:
+		if c.p != nil {
+			c.p.kill()
+		}
+		res.Result, res.Reason, res.Dir = Fail, err.Error(), dir
+		scrub(dir, true)
+		return res
+	case strings.TrimSpace(string(fired)) != point:
+		res.Result = NotReached
+	default:
+		res.Result = Pass
+	}
+	if cfg.Keep {
+		res.Dir = dir
+	} else {
+		scrub(dir, false)
+	}
+	return res
+}
+
+// Summary is a one-line account of a report.
+func (r *Report) Summary() string {
+	s := fmt.Sprintf("%d cells: %d passed, %d failed", len(r.Cells), r.Passed, r.Failed)
+	if n := len(r.Cells) - r.Passed - r.Failed; n > 0 {
+		s += fmt.Sprintf(", %d not reached", n)
+	}
+	if len(r.Unfired) > 0 {
+		s += fmt.Sprintf("; crash points that never fired: %s", strings.Join(r.Unfired, ", "))
+	}
+	if r.Interrupted {
+		s += " (interrupted)"
+	}
+	return s + fmt.Sprintf(" in %.0fs", r.Seconds)
+}

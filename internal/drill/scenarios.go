@@ -1,0 +1,102 @@
+package drill
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+)
+
+// scenario drives volumes like an orchestrator. Its setup runs on an
+// unarmed csid; its main part on the armed one (that is where the crash
+// strikes, and what the census counts); its end, on an unarmed csid again,
+// checks what the main part should have achieved (data, sizes) and brings
+// everything down, so that anything left afterwards is a leak.
+type scenario struct {
+	Name string
+	Doc  string
+	// setup, main and end run in that order; any may be nil.
+	setup, main, end func(ctx context.Context, c *cell) error
+}
+
+func then(fs ...func(context.Context, *cell) error) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error {
+		for _, f := range fs {
+			if err := f(ctx, c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func create(name string, size int64) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return c.create(ctx, name, size) }
+}
+
+func write(name string) func(context.Context, *cell) error {
+	return func(_ context.Context, c *cell) error { return c.writeData(name) }
+}
+
+func readBack(name string) func(context.Context, *cell) error {
+	return func(_ context.Context, c *cell) error { return c.checkData(name) }
+}
+
+func size(name string) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return c.checkSize(ctx, name) }
+}
+
+func expand(name string, to int64, want codes.Code) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return c.expand(ctx, name, to, want) }
+}
+
+func do(name string, f func(*cell) func(context.Context, string) error) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return f(c)(ctx, name) }
+}
+
+var (
+	attach = func(c *cell) func(context.Context, string) error { return c.attach }
+	detach = func(c *cell) func(context.Context, string) error { return c.detach }
+	del    = func(c *cell) func(context.Context, string) error { return c.delete }
+	cpub   = func(c *cell) func(context.Context, string) error { return c.controllerPublish }
+	stage  = func(c *cell) func(context.Context, string) error { return c.stage }
+	pub    = func(c *cell) func(context.Context, string) error { return c.publish }
+)
+
+// Scenarios are the drill's scenarios, in the order they run.
+var Scenarios = []scenario{
+	{
+		Name: "create", Doc: "CreateVolume",
+		main: create("vol", 64*mib),
+		end:  do("vol", del),
+	},
+	{
+		Name: "publish", Doc: "ControllerPublishVolume, NodeStageVolume, NodePublishVolume",
+		setup: create("vol", 64*mib),
+		main:  do("vol", attach),
+		end:   then(write("vol"), readBack("vol"), do("vol", detach), do("vol", del)),
+	},
+	{
+		Name: "unpublish", Doc: "NodeUnpublishVolume, NodeUnstageVolume, ControllerUnpublishVolume",
+		setup: then(create("vol", 64*mib), do("vol", attach), write("vol")),
+		main:  do("vol", detach),
+		end:   then(do("vol", attach), readBack("vol"), do("vol", detach), do("vol", del)),
+	},
+	{
+		Name: "delete", Doc: "DeleteVolume",
+		setup: create("vol", 64*mib),
+		main:  do("vol", del),
+	},
+	{
+		Name: "expand-detached", Doc: "ControllerExpandVolume of a detached volume",
+		setup: create("vol", 64*mib),
+		main:  expand("vol", 128*mib, codes.OK),
+		end:   then(do("vol", attach), size("vol"), do("vol", detach), do("vol", del)),
+	},
+	{
+		Name: "expand-attached", Doc: "ControllerExpandVolume while attached (queued), unpublish (the resize runs), publish (after it)",
+		setup: then(create("vol", 64*mib), do("vol", attach), write("vol")),
+		main:  then(expand("vol", 128*mib, codes.FailedPrecondition), do("vol", detach), do("vol", cpub)),
+		end: then(expand("vol", 128*mib, codes.OK), do("vol", stage), do("vol", pub), readBack("vol"), size("vol"),
+			do("vol", detach), do("vol", del)),
+	},
+}

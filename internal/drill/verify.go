@@ -1,0 +1,135 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/local"
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/hostscrub"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/store"
+)
+
+// verify checks a cell's invariants once its scenario has ended and csid
+// has stopped: the state file (read-only), the cloud and the host.
+func verify(ctx context.Context, dir string) error {
+	var problems []string
+	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+
+	st, err := store.OpenReadOnly(filepath.Join(dir, "csid.db"), store.Options{})
+	if err != nil {
+		return err
+	}
+	err = st.View(func(tx *store.Tx) error {
+		active, err := tx.ActiveOps()
+		if err != nil {
+			return err
+		}
+		for _, op := range active {
+			add("op %d (%s of %s) is still %s", op.Seq, op.Event, op.VolumeID, op.Status)
+		}
+		err = tx.ForEachVolume("", func(v *store.Volume) bool {
+			add("volume %s is left in state %s", v.ID, v.State)
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		err = tx.ForEachResize(func(r *store.Resize) bool {
+			add("a resize of %s to %d bytes is left %s", r.VolumeID, r.TargetBytes, r.Status)
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		var ops []*store.Op
+		if err := tx.ForEachOp(func(op *store.Op) bool { ops = append(ops, op); return true }); err != nil {
+			return err
+		}
+		slices.Reverse(ops) // oldest first
+		checkOps(ops, add)
+		return nil
+	})
+	st.Close()
+	if err != nil {
+		return err
+	}
+
+	c, err := local.Open(ctx, dir, local.Options{})
+	if err != nil {
+		return err
+	}
+	page, err := c.ListDisks(ctx, cloud.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, d := range page.Disks {
+		add("disk %s (%s) is left in the cloud, attached to %q", d.ID, d.Name, d.AttachedTo)
+	}
+	devs, err := c.Host(NodeID).Devices(ctx)
+	if err != nil {
+		return err
+	}
+	for disk, dev := range devs {
+		add("loop device %s of disk %s is left", dev, disk)
+	}
+	mounts, err := mounter.New().List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range mounts {
+		if strings.HasPrefix(m.Path, dir+"/") {
+			add("mount %s (%s) is left", m.Path, m.Device)
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// checkOps checks the ops of every volume, oldest first: each succeeded and
+// was a legal transition from the state the previous one left; and no
+// attach was accepted before an earlier resize of its volume had finished.
+func checkOps(ops []*store.Op, add func(string, ...any)) {
+	state := map[string]fsm.State{}
+	resizes := map[string][]*store.Op{}
+	for _, op := range ops {
+		if op.Status != store.OpSucceeded {
+			add("op %d (%s of %s) %s: %s", op.Seq, op.Event, op.VolumeID, op.Status, op.Message)
+			continue
+		}
+		if step, err := fsm.Next(op.From, op.Event, op.Guard); err != nil || step.To != op.To {
+			add("op %d (%s of %s) is not a legal transition: %s -> %s", op.Seq, op.Event, op.VolumeID, op.From, op.To)
+		}
+		if prev, ok := state[op.VolumeID]; ok && prev != op.From {
+			add("op %d (%s of %s) starts from %s, but the volume was left %s", op.Seq, op.Event, op.VolumeID, op.From, prev)
+		}
+		state[op.VolumeID] = op.To
+		switch op.Event {
+		case fsm.Expand:
+			resizes[op.VolumeID] = append(resizes[op.VolumeID], op)
+		case fsm.ControllerPublish:
+			for _, r := range resizes[op.VolumeID] {
+				if r.FinishedAt.After(op.CreatedAt) {
+					add("op %d attached %s at %v, before its resize (op %d) finished at %v", op.Seq, op.VolumeID, op.CreatedAt, r.Seq, r.FinishedAt)
+				}
+			}
+		}
+	}
+}
+
+// scrub releases what a cell may have left in the kernel and removes its
+// dir, unless keep is set (a failing cell's files are kept for inspection).
+func scrub(dir string, keep bool) {
+	hostscrub.Scrub(context.Background(), dir)
+	if !keep {
+		_ = os.RemoveAll(dir)
+	}
+}
