@@ -135,7 +135,7 @@ func Run(ctx context.Context, o Options) error {
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
 		Controller: controllerBackend{p.cloud}, Node: nodeBackend{cloud: p.cloud, mounter: p.mounter, nodeID: o.NodeID},
-		Topology: len(p.cloud.Zones()) > 0, Log: log})
+		Topology: len(p.cloud.Zones()) > 0})
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/store"
-	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -93,7 +92,6 @@ type Config struct {
 	// Topology: the backend has zones; csid advertises
 	// VOLUME_ACCESSIBILITY_CONSTRAINTS.
 	Topology bool
-	Log      zerolog.Logger
 }
 
 // Driver implements the CSI services.

@@ -102,7 +102,6 @@ type Engine struct {
 	stop     context.CancelCauseFunc
 	workers  sync.WaitGroup
 	sem      chan struct{}
-	kick     chan struct{} // wakes the resize sweeper
 	sweeper  sync.WaitGroup
 
 	// awaiting, if set (tests only), receives the op a caller starts
@@ -127,8 +126,8 @@ type flight struct {
 	// out and err are the outcome, set before done is closed.
 	out store.Volume
 	err *Error
-	// attempts and lastErr describe progress, for callers whose deadline
-	// comes first.
+	// progress says how the op's attempts went ("attempt 2 failed: ..."),
+	// for callers whose deadline comes first.
 	progress atomic.Pointer[string]
 }
 
@@ -156,7 +155,7 @@ func New(cfg Config) *Engine {
 	base, stop := context.WithCancelCause(context.Background())
 	return &Engine{cfg: cfg, st: cfg.Store, log: cfg.Log, flights: map[uint64]*flight{},
 		draining: make(chan struct{}), base: base, stop: stop,
-		sem: make(chan struct{}, cfg.Workers), kick: make(chan struct{}, 1)}
+		sem: make(chan struct{}, cfg.Workers)}
 }
 
 func newVolumeID() string {

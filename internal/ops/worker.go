@@ -459,7 +459,6 @@ func (e *Engine) sweep() {
 		case <-e.draining:
 			return
 		case <-e.cfg.Clock.After(wait):
-		case <-e.kick:
 		}
 	}
 }
