@@ -299,4 +299,3 @@ func (c *cell) checkSize(ctx context.Context, name string) error {
 	}
 	return nil
 }
-
