@@ -282,7 +282,7 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 	zone := ""
 	if t := req.GetAccessibleTopology(); t != nil && d.cfg.Topology {
 		z, ok := t.GetSegments()[TopologyKey]
-		if !ok {
+		if !ok || !slices.Contains(d.cfg.Controller.Zones(), z) {
 			return &csi.GetCapacityResponse{}, nil // a topology csid does not serve has no capacity here
 		}
 		zone = z
