@@ -94,7 +94,7 @@ func Run(ctx context.Context, o Options) error {
 
 	// The state file first: a second csid on the same state dir stops here,
 	// naming the holder, within a second.
-	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{})
+	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{LockTimeout: 500 * time.Millisecond})
 	if err != nil {
 		return fmt.Errorf("open the state file: %w", err)
 	}

@@ -151,8 +151,8 @@ func (h *hostView) expectHost(t *testing.T, step string, w want) {
 	}
 }
 
-// dial connects to a csid socket.
-func dial(t testing.TB, socket string) *grpc.ClientConn {
+// dialConn connects to a csid socket.
+func dialConn(t testing.TB, socket string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -194,8 +194,8 @@ func tmpfsDir(t *testing.T) string {
 	return resolved
 }
 
-// mountCap is a filesystem capability.
-func mountCap(fsType string, mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
+// mountCapMode is a filesystem capability with an access mode.
+func mountCapMode(fsType string, mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
 	return &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},

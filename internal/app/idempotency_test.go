@@ -38,7 +38,7 @@ func TestIdempotency(t *testing.T) {
 	dir := tmpfsDir(t)
 	in := startCSID(t, Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
 	h := newHostView(t, dir)
-	c := newClients(dial(t, in.socket))
+	c := newClients(dialConn(t, in.socket))
 
 	t.Run("sequential x3", func(t *testing.T) {
 		lifecycle(t, c, h, repeat{n: 3}, filepath.Join(dir, "seq"))
@@ -125,7 +125,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 			t.Fatal(err)
 		}
 	}
-	vc := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	vc := mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 	name := "idempotency-" + filepath.Base(base)
 
 	// CreateVolume.

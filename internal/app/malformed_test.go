@@ -48,7 +48,7 @@ func TestMalformedRequests(t *testing.T) {
 	testutil.RequireRoot(t)
 	in := startCSID(t, Options{Cloud: "local", Log: zerolog.Nop()})
 	h := newHostView(t, in.dir)
-	conn := dial(t, in.socket)
+	conn := dialConn(t, in.socket)
 	c := newClients(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -65,7 +65,7 @@ func TestMalformedRequests(t *testing.T) {
 	escape := filepath.Join(filepath.Dir(outside), "csid-escape-"+randomHex(4))
 
 	// A real volume, never published: rows about known volumes use it.
-	vc := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	vc := mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 	realVol, err := c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "malformed-real",
 		VolumeCapabilities: []*csi.VolumeCapability{vc}, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 * mib}})
 	if err != nil {
@@ -166,10 +166,10 @@ func malformedRows(f malformedFixture) []malformed {
 	caps := []*csi.VolumeCapability{vc}
 	randomID := "vol-" + randomHex(10) // well-formed, unknown
 	const fakeID = "fake-vol-id"       // not of csid's shape (sanity's)
-	mnmw := mountCap("ext4", csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)
-	btrfs := mountCap("btrfs", snw)
+	mnmw := mountCapMode("ext4", csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)
+	btrfs := mountCapMode("btrfs", snw)
 	noMode := &csi.VolumeCapability{AccessType: vc.AccessType}
-	unknownMode := mountCap("ext4", csi.VolumeCapability_AccessMode_UNKNOWN)
+	unknownMode := mountCapMode("ext4", csi.VolumeCapability_AccessMode_UNKNOWN)
 	noType := &csi.VolumeCapability{AccessMode: vc.AccessMode}
 	badFlag := &csi.VolumeCapability{AccessMode: vc.AccessMode,
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: []string{"noatime", ""}}}}
@@ -255,7 +255,7 @@ func malformedRows(f malformedFixture) []malformed {
 		{name: "1 EiB", req: &csi.CreateVolumeRequest{Name: "m-eib", VolumeCapabilities: caps, CapacityRange: size(eib, 0)}, code: codes.OutOfRange, msg: "largest volume"},
 		{name: "limit below required", req: &csi.CreateVolumeRequest{Name: "m-range", VolumeCapabilities: caps, CapacityRange: size(2<<30, 1<<30)}, code: codes.OutOfRange, msg: "exceeds"},
 		{name: "limit below 1 MiB", req: &csi.CreateVolumeRequest{Name: "m-tiny", VolumeCapabilities: caps, CapacityRange: size(0, 4096)}, code: codes.OutOfRange, msg: "MiB"},
-		{name: "xfs under its minimum", req: &csi.CreateVolumeRequest{Name: "m-xfs", VolumeCapabilities: []*csi.VolumeCapability{mountCap("xfs", snw)}, CapacityRange: size(0, 100<<20)}, code: codes.OutOfRange, msg: "xfs"},
+		{name: "xfs under its minimum", req: &csi.CreateVolumeRequest{Name: "m-xfs", VolumeCapabilities: []*csi.VolumeCapability{mountCapMode("xfs", snw)}, CapacityRange: size(0, 100<<20)}, code: codes.OutOfRange, msg: "xfs"},
 		{name: "negative required", req: &csi.CreateVolumeRequest{Name: "m-neg", VolumeCapabilities: caps, CapacityRange: size(-1, 0)}, code: IA, msg: "negative"},
 		{name: "negative limit", req: &csi.CreateVolumeRequest{Name: "m-neglimit", VolumeCapabilities: caps, CapacityRange: size(0, -1)}, code: IA, msg: "negative"},
 		{name: "unknown topology key", req: &csi.CreateVolumeRequest{Name: "m-topo", VolumeCapabilities: caps, AccessibilityRequirements: &csi.TopologyRequirement{

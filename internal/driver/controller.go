@@ -291,8 +291,11 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 		if _, why, err := toCapability(vc); err != nil {
 			return nil, err
 		} else if why != "" {
-			return &csi.GetCapacityResponse{}, nil
+			return &csi.GetCapacityResponse{}, nil // no capacity for what csid cannot create
 		}
+	}
+	if checkParameters(req.GetParameters()) != nil {
+		return &csi.GetCapacityResponse{}, nil
 	}
 	avail, err := d.cfg.Controller.Capacity(ctx, zone)
 	if err != nil {
@@ -331,13 +334,11 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", req.GetVolumeId())
 	}
 	out, err := d.cfg.Engine.Submit(ctx, ops.Request{VolumeID: req.GetVolumeId(), Event: fsm.Expand,
-		Args: &ops.ExpandArgs{RequiredBytes: size, LimitBytes: limit}})
+		Args: &ops.ExpandArgs{RequiredBytes: size, LimitBytes: limit, AccessType: c.AccessType}})
 	if err != nil {
 		return nil, err
 	}
-	access := out.Volume.Capability.AccessType
-	if c.AccessType != "" {
-		access = c.AccessType
-	}
-	return &csi.ControllerExpandVolumeResponse{CapacityBytes: out.Volume.CapacityBytes, NodeExpansionRequired: access != "block"}, nil
+	// The volume's own access type decides (the engine refused another).
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: out.Volume.CapacityBytes,
+		NodeExpansionRequired: out.Volume.Capability.AccessType != "block"}, nil
 }

@@ -189,8 +189,13 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, err
 	}
 	if req.GetVolumeCapability() != nil {
-		if _, err := nodeCapability(req.GetVolumeCapability()); err != nil {
+		// NodeExpandVolume's table: capabilities the volume cannot have are
+		// InvalidArgument (FailedPrecondition would tell the CO never to
+		// retry the expansion).
+		if _, why, err := toCapability(req.GetVolumeCapability()); err != nil {
 			return nil, err
+		} else if why != "" {
+			return nil, invalid("%s", why)
 		}
 	}
 	if req.GetCapacityRange().GetRequiredBytes() < 0 || req.GetCapacityRange().GetLimitBytes() < 0 {

@@ -212,7 +212,8 @@ func (e publishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, erro
 	if err != nil {
 		return ops.Result{}, err
 	}
-	if _, err := e.c.GetNode(ctx, a.Node); errors.Is(err, cloud.ErrNotFound) {
+	if _, err := e.c.GetNode(ctx, a.Node); errors.Is(err, cloud.ErrNotFound) || errors.Is(err, cloud.ErrInvalid) {
+		// A node id the backend cannot even hold names no node it has.
 		return ops.Result{}, ops.Errorf(codes.NotFound, "node %s does not exist", a.Node)
 	} else if err != nil {
 		return ops.Result{}, err

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/moby/sys/mountinfo"
@@ -320,9 +321,12 @@ func (m *Linux) Unmount(ctx context.Context, target string) error {
 		if !mounted {
 			break
 		}
-		err = unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		err = unmountRetrying(ctx, target)
 		if errors.Is(err, unix.EINVAL) {
 			break
+		}
+		if errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("unmount %s: %w (%v)", target, ErrInUse, err)
 		}
 		if err != nil {
 			return fmt.Errorf("unmount %s: %w", target, err)
@@ -335,6 +339,27 @@ func (m *Linux) Unmount(ctx context.Context, target string) error {
 		return fmt.Errorf("remove %s after unmounting it: %w", target, err)
 	}
 	return nil
+}
+
+// unmountRetrying unmounts target, retrying EBUSY for up to about a second:
+// a mount is busy for an instant while anything holds a file in it, and
+// such holders come and go on their own — a forked child holds a copy of
+// its parent's open files until it execs, udev probes devices, a process is
+// exiting. A holder that stays makes it return EBUSY.
+func unmountRetrying(ctx context.Context, target string) error {
+	wait := 5 * time.Millisecond
+	for i := 0; ; i++ {
+		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		if !errors.Is(err, unix.EBUSY) || i == 8 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
 }
 
 // IsMounted reports whether path is a mount point; see Mounter.

@@ -619,3 +619,34 @@ func TestUnmountStackedAndSymlinked(t *testing.T) {
 		t.Fatalf("the mount behind the link: mounted=%v, %v; want still mounted", mounted, err)
 	}
 }
+
+// TestUnmountOfATargetInUse: while a file is open inside the mount, Unmount
+// retries briefly, then reports ErrInUse (the engine retries that as
+// transient) and leaves the mount; once the holder is gone, it succeeds.
+func TestUnmountOfATargetInUse(t *testing.T) {
+	testutil.RequireRoot(t)
+	sb := newSandbox(t)
+	m := New()
+	ctx := context.Background()
+	dev := sb.device(64 * mib)
+	target := sb.path("staging")
+	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.Create(filepath.Join(target, "held-open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Unmount(ctx, target)
+	if !errors.Is(err, ErrInUse) {
+		holder.Close()
+		t.Fatalf("Unmount of a target with an open file: %v, want ErrInUse", err)
+	}
+	if ok, _ := m.IsMounted(ctx, target); !ok {
+		t.Fatal("a failed Unmount left the target unmounted")
+	}
+	holder.Close()
+	if err := m.Unmount(ctx, target); err != nil {
+		t.Fatalf("Unmount once the holder closed: %v", err)
+	}
+}

@@ -28,6 +28,10 @@ var (
 	ErrNotMounted = errors.New("not mounted")
 	// ErrBusy: the target is mounted from another source.
 	ErrBusy = errors.New("target is mounted from another source")
+	// ErrInUse: the target cannot be unmounted now because something has a
+	// file open inside it (or its current directory there). Transient:
+	// retry later.
+	ErrInUse = errors.New("target is in use")
 )
 
 // Stats is the usage of a mounted filesystem (or, for a block device, only

@@ -45,7 +45,7 @@ func classify(err error) (code codes.Code, transient bool) {
 	switch {
 	case errors.As(err, &oe):
 		return oe.Code, errors.As(err, &r)
-	case errors.As(err, &r), errors.Is(err, cloud.ErrTransient):
+	case errors.As(err, &r), errors.Is(err, cloud.ErrTransient), errors.Is(err, mounter.ErrInUse):
 		return codes.Unavailable, true
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return codes.Aborted, false

@@ -143,13 +143,15 @@ func inFlight(active *store.Op, e fsm.Event, fp string) (decision, error) {
 }
 
 // accessMismatch refuses a request for another access type (block or
-// mount) than the volume was created or staged for.
-func accessMismatch(v *store.Volume, c store.Capability) (decision, bool) {
-	if v.Capability.AccessType == "" || c.AccessType == "" || v.Capability.AccessType == c.AccessType {
+// mount) than the volume was created or staged for, with the code its RPC's
+// table gives: InvalidArgument on the controller, FailedPrecondition on the
+// node.
+func accessMismatch(v *store.Volume, accessType string, code codes.Code) (decision, bool) {
+	if v.Capability.AccessType == "" || accessType == "" || v.Capability.AccessType == accessType {
 		return decision{}, false
 	}
-	d, _ := rejectf(codes.FailedPrecondition, "volume %s is a %s volume; it cannot be used with %s access",
-		v.ID, v.Capability.AccessType, c.AccessType)
+	d, _ := rejectf(code, "volume %s is a %s volume; it cannot be used with %s access",
+		v.ID, v.Capability.AccessType, accessType)
 	return d, true
 }
 
@@ -278,7 +280,7 @@ func (p *planner) planControllerPublish(req Request, v *store.Volume, active *st
 	if _, err := fsm.Next(v.State, fsm.ControllerPublish, fsm.NoGuard); err != nil {
 		return rejectf(codes.FailedPrecondition, "volume %s is %s; it cannot be published now", v.ID, v.State)
 	}
-	if d, bad := accessMismatch(v, a.Capability); bad {
+	if d, bad := accessMismatch(v, a.Capability.AccessType, codes.InvalidArgument); bad {
 		return d, nil
 	}
 	r, err := p.tx.Resize(v.ID)
@@ -344,7 +346,7 @@ func (p *planner) planNodeStage(req Request, v *store.Volume, active *store.Op, 
 	if p.nodeID != "" && v.Node() != "" && v.Node() != p.nodeID {
 		return rejectf(codes.FailedPrecondition, "volume %s is published to node %s, not to this node (%s)", v.ID, v.Node(), p.nodeID)
 	}
-	if d, bad := accessMismatch(v, a.Capability); bad {
+	if d, bad := accessMismatch(v, a.Capability.AccessType, codes.FailedPrecondition); bad {
 		return d, nil
 	}
 	if _, err := fsm.Next(v.State, fsm.NodeStage, fsm.NoGuard); err != nil {
@@ -401,7 +403,7 @@ func (p *planner) planNodePublish(req Request, v *store.Volume, active *store.Op
 	if !fsm.Legal(v.State, fsm.NodePublish) {
 		return rejectf(codes.FailedPrecondition, "volume %s is %s: NodeStageVolume must succeed before NodePublishVolume", v.ID, v.State)
 	}
-	if d, bad := accessMismatch(v, a.Capability); bad {
+	if d, bad := accessMismatch(v, a.Capability.AccessType, codes.FailedPrecondition); bad {
 		return d, nil
 	}
 	if v.Stage != nil && v.Stage.Path != "" && v.Stage.Path != a.StagingPath {
@@ -467,6 +469,9 @@ func (p *planner) planExpand(req Request, v *store.Volume, active *store.Op, raw
 	a := req.Args.(*ExpandArgs)
 	if v == nil {
 		return rejectf(codes.NotFound, "volume %s does not exist", req.VolumeID)
+	}
+	if d, bad := accessMismatch(v, a.AccessType, codes.InvalidArgument); bad {
+		return d, nil
 	}
 	if a.LimitBytes > 0 && v.CapacityBytes > a.LimitBytes {
 		return rejectf(codes.OutOfRange, "volume %s has %d bytes; it cannot shrink to the %d bytes limit", v.ID, v.CapacityBytes, a.LimitBytes)

@@ -82,6 +82,9 @@ type ExpandArgs struct {
 	// LimitBytes is 0 when unlimited; a volume already larger than it
 	// would have to shrink, which is refused.
 	LimitBytes int64 `json:"limitBytes,omitempty"`
+	// AccessType is the access type the CO says the volume has ("" when it
+	// does not say); another than the volume's is refused.
+	AccessType string `json:"accessType,omitempty"`
 }
 
 // NodeExpandArgs are the arguments of node_expand.
