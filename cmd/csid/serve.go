@@ -60,6 +60,7 @@ one --mode node per node (see docs/deploy.md).`,
 	f.StringVar(&mode, "mode", string(driver.ModeAll), "services to serve: all, controller or node")
 	f.StringVar(&o.Endpoint, "endpoint", "", "CSI socket, unix:///path or /path (default <state-dir>/csi.sock)")
 	f.StringVar(&o.StateDir, "state-dir", "csid-data", "directory of the state file (and of the local backend's disks)")
+	f.StringVar(&o.AdminSocket, "admin-socket", "", "read-only admin socket of csid inspect and check, mode 0600 (default <state-dir>/admin-<mode>.sock)")
 	f.StringVar(&o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices) or fake (in memory, for load tests)")
 	f.StringVar(&o.NodeID, "node-id", "", "this node's id (default: the hostname)")
 	f.StringVar(&o.DriverName, "driver-name", driver.DefaultName, "CSI driver name")

@@ -60,6 +60,9 @@ type Options struct {
 	Fake *fake.Cloud
 	// FakeLatency sets the fake provider's latency per operation kind.
 	FakeLatency map[cloud.OpKind]time.Duration
+	// AdminSocket is the read-only admin endpoint's unix socket (default
+	// AdminSocketPath(StateDir, Mode)).
+	AdminSocket string
 }
 
 // StateFile is the state file of a mode inside a state directory.
@@ -99,6 +102,11 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("open the state file: %w", err)
 	}
 	defer st.Close()
+	stopAdmin, err := serveAdmin(o, st, log)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
 
 	p, err := newProvider(ctx, o)
 	if err != nil {

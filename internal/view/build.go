@@ -1,0 +1,350 @@
+package view
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/store"
+)
+
+// Source answers the questions of `csid inspect`: a live csid through its
+// admin socket (admin.Client) or a state file (StoreSource). Both give the
+// same answers for the same records.
+type Source interface {
+	// Info says which csid the source is.
+	Info(ctx context.Context) (Info, error)
+	// Volumes lists the volumes f selects, in id order, without history.
+	Volumes(ctx context.Context, f VolumeFilter) (VolumeList, error)
+	// Volume returns one volume with its history; ErrNotFound when there is
+	// no such volume.
+	Volume(ctx context.Context, id string) (Volume, error)
+	// Ops lists the ops f selects, newest first.
+	Ops(ctx context.Context, f OpFilter) (OpList, error)
+	// Op returns one op; ErrNotFound when it does not exist (or was pruned).
+	Op(ctx context.Context, seq uint64) (Op, error)
+	// Resizes lists the deferred resizes in volume id order.
+	Resizes(ctx context.Context) (ResizeList, error)
+}
+
+// Reader is what the views read: a store's read-only transactions. A
+// *store.Store is one.
+type Reader interface {
+	View(fn func(tx *store.Tx) error) error
+}
+
+// StoreSource answers from a store, through read-only transactions only.
+type StoreSource struct {
+	r    Reader
+	info Info
+}
+
+var _ Source = (*StoreSource)(nil)
+
+// NewStoreSource answers from r; info is what Info returns.
+func NewStoreSource(r Reader, info Info) *StoreSource {
+	return &StoreSource{r: r, info: info}
+}
+
+// Info returns the info the source was made with.
+func (s *StoreSource) Info(ctx context.Context) (Info, error) { return s.info, ctx.Err() }
+
+// Volumes lists volumes; see Source.
+func (s *StoreSource) Volumes(ctx context.Context, f VolumeFilter) (out VolumeList, err error) {
+	if err := ctx.Err(); err != nil {
+		return out, err
+	}
+	err = s.r.View(func(tx *store.Tx) error { out, err = ListVolumes(tx, f); return err })
+	return out, err
+}
+
+// Volume returns one volume; see Source.
+func (s *StoreSource) Volume(ctx context.Context, id string) (out Volume, err error) {
+	if err := ctx.Err(); err != nil {
+		return out, err
+	}
+	err = s.r.View(func(tx *store.Tx) error { out, err = GetVolume(tx, id); return err })
+	return out, err
+}
+
+// Ops lists ops; see Source.
+func (s *StoreSource) Ops(ctx context.Context, f OpFilter) (out OpList, err error) {
+	if err := ctx.Err(); err != nil {
+		return out, err
+	}
+	err = s.r.View(func(tx *store.Tx) error { out, err = ListOps(tx, f); return err })
+	return out, err
+}
+
+// Op returns one op; see Source.
+func (s *StoreSource) Op(ctx context.Context, seq uint64) (out Op, err error) {
+	if err := ctx.Err(); err != nil {
+		return out, err
+	}
+	err = s.r.View(func(tx *store.Tx) error { out, err = GetOp(tx, seq); return err })
+	return out, err
+}
+
+// Resizes lists resizes; see Source.
+func (s *StoreSource) Resizes(ctx context.Context) (out ResizeList, err error) {
+	if err := ctx.Err(); err != nil {
+		return out, err
+	}
+	err = s.r.View(func(tx *store.Tx) error { out, err = ListResizes(tx); return err })
+	return out, err
+}
+
+// CheckState returns an error naming the lifecycle states when s is not one
+// ("" is fine: no filter).
+func CheckState(s fsm.State) error {
+	if s == "" || s.Valid() {
+		return nil
+	}
+	names := make([]string, len(fsm.States))
+	for i, x := range fsm.States {
+		names[i] = string(x)
+	}
+	return fmt.Errorf("unknown state %q: one of %s", s, strings.Join(names, ", "))
+}
+
+// CheckOpSelect returns an error when s is not an OpSelect ("" is all).
+func CheckOpSelect(s OpSelect) error {
+	switch s {
+	case "", OpsAll, OpsPending, OpsFailed:
+		return nil
+	}
+	return fmt.Errorf("unknown op status %q: all, pending or failed", s)
+}
+
+// ListVolumes builds the volume list f selects from tx.
+func ListVolumes(tx *store.Tx, f VolumeFilter) (VolumeList, error) {
+	if err := CheckState(f.State); err != nil {
+		return VolumeList{}, err
+	}
+	out := VolumeList{Volumes: []Volume{}}
+	var ferr error
+	err := tx.ForEachVolume("", func(v *store.Volume) bool {
+		if (f.State != "" && v.State != f.State) || (f.Node != "" && v.Node() != f.Node) {
+			return true
+		}
+		vv, err := volume(tx, v)
+		if err != nil {
+			ferr = err
+			return false
+		}
+		out.Volumes = append(out.Volumes, vv)
+		return true
+	})
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return VolumeList{}, fmt.Errorf("list volumes: %w", err)
+	}
+	return out, nil
+}
+
+// GetVolume builds one volume, with its history, from tx; ErrNotFound when
+// there is no record.
+func GetVolume(tx *store.Tx, id string) (Volume, error) {
+	v, err := tx.Volume(id)
+	if err != nil {
+		return Volume{}, fmt.Errorf("volume %s: %w", id, err)
+	}
+	if v == nil {
+		return Volume{}, fmt.Errorf("volume %s: %w", id, ErrNotFound)
+	}
+	out, err := volume(tx, v)
+	if err != nil {
+		return Volume{}, err
+	}
+	hist, err := tx.History(id)
+	if err != nil {
+		return Volume{}, fmt.Errorf("history of volume %s: %w", id, err)
+	}
+	out.History = make([]HistoryLine, len(hist))
+	for i, h := range hist {
+		out.History[i] = HistoryLine{Time: utc(h.Time), Event: h.Event, Guard: h.Guard, From: h.From, To: h.To,
+			Op: h.OpSeq, Generation: h.Generation, Outcome: h.Outcome}
+	}
+	return out, nil
+}
+
+// volume builds the view of a record: its pending op, resize and last op
+// are looked up in tx.
+func volume(tx *store.Tx, v *store.Volume) (Volume, error) {
+	out := Volume{
+		ID: v.ID, Name: v.Name, State: v.State, DiskID: v.DiskID, CapacityBytes: v.CapacityBytes, Zone: v.Zone,
+		AccessType: v.Capability.AccessType, FsType: v.Capability.FsType, MountFlags: slices.Clone(v.Capability.MountFlags),
+		AccessMode: v.Capability.AccessMode, Parameters: cloneMap(v.Parameters),
+		Generation: v.Generation, CreatedAt: utc(v.CreatedAt), UpdatedAt: utc(v.UpdatedAt),
+	}
+	if a := v.Attachment; a != nil {
+		out.Node, out.ReadOnly, out.PublishContext = a.Node, a.ReadOnly, cloneMap(a.PublishContext)
+	}
+	if s := v.Stage; s != nil {
+		out.StagingPath, out.Device = s.Path, s.Device
+	}
+	for _, p := range slices.Sorted(maps.Keys(v.Targets)) {
+		out.Targets = append(out.Targets, Target{Path: p, ReadOnly: v.Targets[p].ReadOnly})
+	}
+	var err error
+	if out.PendingOp, err = opBySeq(tx, v.ActiveOp); err != nil {
+		return Volume{}, fmt.Errorf("volume %s: pending op: %w", v.ID, err)
+	}
+	if out.LastOp, err = opBySeq(tx, v.LastOp); err != nil {
+		return Volume{}, fmt.Errorf("volume %s: last op: %w", v.ID, err)
+	}
+	r, err := tx.Resize(v.ID)
+	if err != nil {
+		return Volume{}, fmt.Errorf("volume %s: resize: %w", v.ID, err)
+	}
+	if r != nil {
+		rv := resize(r, v)
+		out.Resize = &rv
+	}
+	return out, nil
+}
+
+// opBySeq returns the view of op seq, nil for 0 or an op no longer kept.
+func opBySeq(tx *store.Tx, seq uint64) (*Op, error) {
+	if seq == 0 {
+		return nil, nil
+	}
+	op, err := tx.Op(seq)
+	if err != nil || op == nil {
+		return nil, err
+	}
+	o := opView(op)
+	return &o, nil
+}
+
+// ListOps builds the op list f selects from tx, newest first.
+func ListOps(tx *store.Tx, f OpFilter) (OpList, error) {
+	if err := CheckOpSelect(f.Status); err != nil {
+		return OpList{}, err
+	}
+	if f.Limit < 0 {
+		return OpList{}, fmt.Errorf("negative op limit %d", f.Limit)
+	}
+	out := OpList{Ops: []Op{}}
+	keep := func(op *store.Op) bool {
+		if f.VolumeID != "" && op.VolumeID != f.VolumeID {
+			return false
+		}
+		switch f.Status {
+		case OpsPending:
+			return op.Status.Active()
+		case OpsFailed:
+			return op.Status == store.OpFailed
+		}
+		return true
+	}
+	full := func() bool { return f.Limit > 0 && len(out.Ops) >= f.Limit }
+	var err error
+	if f.Status == OpsPending {
+		// The active index is small; the ops bucket may hold thousands.
+		var active []*store.Op
+		active, err = tx.ActiveOps()
+		for i := len(active) - 1; err == nil && i >= 0 && !full(); i-- {
+			if keep(active[i]) {
+				out.Ops = append(out.Ops, opView(active[i]))
+			}
+		}
+	} else {
+		err = tx.ForEachOp(func(op *store.Op) bool {
+			if keep(op) {
+				out.Ops = append(out.Ops, opView(op))
+			}
+			return !full()
+		})
+	}
+	if err != nil {
+		return OpList{}, fmt.Errorf("list ops: %w", err)
+	}
+	return out, nil
+}
+
+// GetOp builds one op from tx; ErrNotFound when it is not kept.
+func GetOp(tx *store.Tx, seq uint64) (Op, error) {
+	op, err := tx.Op(seq)
+	if err != nil {
+		return Op{}, fmt.Errorf("op %d: %w", seq, err)
+	}
+	if op == nil {
+		return Op{}, fmt.Errorf("op %d: %w (ops are kept for the last 10000 sequences and each volume's last op)", seq, ErrNotFound)
+	}
+	return opView(op), nil
+}
+
+func opView(op *store.Op) Op {
+	return Op{
+		Seq: op.Seq, VolumeID: op.VolumeID, Event: op.Event, Guard: op.Guard, From: op.From, To: op.To,
+		Status: string(op.Status), Generation: op.Generation, Attempts: op.Attempts, LastError: op.LastError,
+		NextAttemptAt: utc(op.NextAttemptAt), Code: op.Code, Message: op.Message,
+		Args: raw(op.Args), Result: raw(op.Result), Checkpoints: cloneMap(op.Checkpoints),
+		CreatedAt: utc(op.CreatedAt), FinishedAt: utc(op.FinishedAt),
+	}
+}
+
+// ListResizes builds the resize queue from tx, in volume id order.
+func ListResizes(tx *store.Tx) (ResizeList, error) {
+	out := ResizeList{Resizes: []Resize{}}
+	var ferr error
+	err := tx.ForEachResize(func(r *store.Resize) bool {
+		v, err := tx.Volume(r.VolumeID)
+		if err != nil {
+			ferr = err
+			return false
+		}
+		out.Resizes = append(out.Resizes, resize(r, v))
+		return true
+	})
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return ResizeList{}, fmt.Errorf("list resizes: %w", err)
+	}
+	return out, nil
+}
+
+// resize builds the view of a resize entry; v (its volume) may be nil.
+func resize(r *store.Resize, v *store.Volume) Resize {
+	out := Resize{VolumeID: r.VolumeID, Status: string(r.Status), TargetBytes: r.TargetBytes, OpSeq: r.OpSeq,
+		Attempts: r.Attempts, LastError: r.LastError, QueuedAt: utc(r.QueuedAt), UpdatedAt: utc(r.UpdatedAt),
+		NextAttemptAt: utc(r.NextAttemptAt)}
+	if v != nil {
+		out.CurrentBytes, out.VolumeState, out.Node = v.CapacityBytes, v.State, v.Node()
+	}
+	return out
+}
+
+// utc makes times print the same whatever the reader's zone: a socket
+// answer decoded and encoded again, and a state file read directly, give
+// the same bytes.
+func utc(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+func raw(m json.RawMessage) json.RawMessage {
+	if len(m) == 0 || string(m) == "null" {
+		return nil
+	}
+	return slices.Clone(m)
+}
+
+func cloneMap(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return maps.Clone(m)
+}
