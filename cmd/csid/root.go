@@ -13,11 +13,17 @@ import (
 )
 
 // run builds the command tree and runs it; it returns the exit code.
-func run(ctx context.Context, args []string) int {
+func run(ctx context.Context, args []string) int { return runIO(ctx, args, os.Stdout, os.Stderr) }
+
+// runIO is run with the command's output and errors going to stdout and
+// stderr.
+func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRoot()
 	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "csid:", err)
+		fmt.Fprintln(stderr, "csid:", err)
 		var ec exitCoder
 		if asExitCoder(err, &ec) {
 			return ec.ExitCode()
@@ -53,7 +59,7 @@ attached waits durably and runs the moment the volume is detached.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newDrill(), newVersion())
+	root.AddCommand(newServe(), newDrill(), newVersion(), newInspect(time.Now))
 	return root
 }
 

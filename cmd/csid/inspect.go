@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/view"
+	"github.com/spf13/cobra"
+)
+
+const inspectLong = `Show what csid knows: each volume's state, how it got there, the op in flight
+on it and why the last one failed, and the deferred resize queue.
+
+csid inspect reads a running csid through its admin socket (read-only, mode
+0600: run it as the user csid runs as), or, with --db, the state file of a
+stopped csid (opened read-only, never modified). Without --socket or --db it
+looks in --state-dir for admin-all.sock, admin-controller.sock and
+admin-node.sock, and reads the first csid that answers.
+
+Tables are for people (sizes in binary units, times in UTC with their age);
+-o json and -o yaml print the documents of the admin API, whose field names
+are stable and listed in the doc of package internal/view (and
+docs/operations.md).`
+
+const inspectExample = `  # every volume of the csid in ./csid-data
+  csid inspect volumes
+
+  # in Kubernetes: the node plugin of the node a pod runs on
+  kubectl exec -n csid <csid-node pod> -c csid -- csid inspect volumes --socket /var/lib/csid/admin-node.sock
+
+  # one volume (the PV's spec.csi.volumeHandle): record, history, pending op, resize
+  csid inspect volume vol-3f9c2a61d0b84e7a5c11 --state-dir /var/lib/csid
+
+  # what is stuck, what failed, what waits for a detach
+  csid inspect ops --pending
+  csid inspect ops --failed -o json
+  csid inspect resizes
+
+  # a stopped csid's state file
+  csid inspect volumes --db /var/lib/csid/controller.db`
+
+// newInspect builds `csid inspect`; now is the clock of the ages in tables.
+func newInspect(now func() time.Time) *cobra.Command {
+	var f sourceFlags
+	var output string
+	cmd := &cobra.Command{
+		Use:     "inspect",
+		Short:   "Show volumes, ops and resizes of a running csid, or of a state file",
+		Long:    inspectLong,
+		Example: inspectExample,
+		Args:    cobra.NoArgs,
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&f.socket, "socket", "", "admin socket of a running csid (default: the first that answers in --state-dir)")
+	pf.StringVar(&f.db, "db", "", "state file of a stopped csid, opened read-only (csid.db, controller.db or node.db)")
+	pf.StringVar(&f.stateDir, "state-dir", "csid-data", "state directory of the csid to read (where its admin sockets are)")
+	pf.StringVarP(&output, "output", "o", outTable, "output format: table, json or yaml")
+	_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletion(outputs...))
+	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
+	_ = cmd.RegisterFlagCompletionFunc("socket", extCompletion("sock"))
+	_ = cmd.RegisterFlagCompletionFunc("state-dir", dirCompletion)
+
+	// with opens the source, runs fn on it, and closes it.
+	with := func(cmd *cobra.Command, name string, fn func(ctx context.Context, src *source, p printer) error) error {
+		if err := checkOutput(output); err != nil {
+			return err
+		}
+		src, err := f.open(cmd.Context(), name, cmd.ErrOrStderr())
+		if err != nil {
+			return err
+		}
+		defer src.Close()
+		return fn(cmd.Context(), src, printer{now: now()})
+	}
+	out := func(cmd *cobra.Command) io.Writer { return cmd.OutOrStdout() }
+
+	var state, node string
+	volumes := &cobra.Command{
+		Use:   "volumes",
+		Short: "List volumes: state, size, node, pending op, queued resize, last op",
+		Example: `  csid inspect volumes
+  csid inspect volumes --state PUBLISHED --node node-1
+  csid inspect volumes -o json | jq -r '.volumes[] | select(.pendingOp) | .id'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			filter := view.VolumeFilter{State: fsm.State(state), Node: node}
+			if err := view.CheckState(filter.State); err != nil {
+				return fmt.Errorf("--state: %w", err)
+			}
+			return with(cmd, "inspect volumes", func(ctx context.Context, src *source, p printer) error {
+				l, err := src.Volumes(ctx, filter)
+				if err != nil {
+					return err
+				}
+				return render(out(cmd), output, l, func(w io.Writer) error { return p.volumes(w, l) })
+			})
+		},
+	}
+	volumes.Flags().StringVar(&state, "state", "", "only volumes in this state: ABSENT, CREATED, NODE_READY, VOL_READY or PUBLISHED")
+	volumes.Flags().StringVar(&node, "node", "", "only volumes attached to this node")
+	_ = volumes.RegisterFlagCompletionFunc("state", stateCompletion)
+	_ = volumes.RegisterFlagCompletionFunc("node", f.nodeCompletion)
+
+	volume := &cobra.Command{
+		Use:   "volume ID",
+		Short: "Show one volume: its record, full history, pending op and queued resize",
+		Long: `Show one volume: its record; the op in flight on it, with its attempts, last
+error and next attempt; its queued resize and what it waits for; its last op
+and why it failed; and its history, oldest first: every transition with its
+time, event, states, op and outcome, and the notes no op explains (a resize
+queued, a volume adopted, a resize dropped).`,
+		Example: `  csid inspect volume vol-3f9c2a61d0b84e7a5c11
+  csid inspect volume "$(kubectl get pv <pv> -o jsonpath='{.spec.csi.volumeHandle}')" -o yaml`,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: f.volumeCompletion,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return with(cmd, "inspect volume "+args[0], func(ctx context.Context, src *source, p printer) error {
+				v, err := src.Volume(ctx, args[0])
+				if errors.Is(err, view.ErrNotFound) {
+					return fmt.Errorf("no volume %s in %s (csid inspect volumes lists them; a deleted volume has no record): %w", args[0], src.what, err)
+				}
+				if err != nil {
+					return err
+				}
+				return render(out(cmd), output, v, func(w io.Writer) error { return p.volume(w, v) })
+			})
+		},
+	}
+
+	var pending, failed bool
+	var opVolume string
+	var limit int
+	ops := &cobra.Command{
+		Use:   "ops",
+		Short: "List ops, newest first: pending (queued, retrying, compensating) or failed ones",
+		Long: `List ops, newest first. An op is one accepted transition of one volume: queued
+(waiting for or running its effect, also while it backs off between
+attempts), compensating (undoing a failed forward op), succeeded or failed.
+--pending shows what is in flight, with its attempts and last error; --failed
+shows what failed, with the gRPC code and message the CO got.`,
+		Example: `  csid inspect ops --pending
+  csid inspect ops --failed --limit 20
+  csid inspect ops --volume vol-3f9c2a61d0b84e7a5c11`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			filter := view.OpFilter{Status: view.OpsAll, VolumeID: opVolume, Limit: limit}
+			switch {
+			case pending:
+				filter.Status = view.OpsPending
+				if !cmd.Flags().Changed("limit") {
+					filter.Limit = 0
+				}
+			case failed:
+				filter.Status = view.OpsFailed
+			}
+			if filter.Limit < 0 {
+				return fmt.Errorf("--limit %d: 0 (all) or more", filter.Limit)
+			}
+			return with(cmd, "inspect ops", func(ctx context.Context, src *source, p printer) error {
+				l, err := src.Ops(ctx, filter)
+				if err != nil {
+					return err
+				}
+				if output == outTable && filter.Limit > 0 && len(l.Ops) == filter.Limit {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: showing the newest %d ops; --limit 0 shows all\n", filter.Limit)
+				}
+				return render(out(cmd), output, l, func(w io.Writer) error { return p.ops(w, l) })
+			})
+		},
+	}
+	ops.Flags().BoolVar(&pending, "pending", false, "only ops in flight: queued, retrying or compensating (all of them, unless --limit is given)")
+	ops.Flags().BoolVar(&failed, "failed", false, "only failed ops")
+	ops.Flags().StringVar(&opVolume, "volume", "", "only the ops of this volume")
+	ops.Flags().IntVar(&limit, "limit", 100, "at most this many ops, newest first (0: all that are kept)")
+	ops.MarkFlagsMutuallyExclusive("pending", "failed")
+	_ = ops.RegisterFlagCompletionFunc("volume", f.volumeCompletion)
+
+	resizes := &cobra.Command{
+		Use:   "resizes",
+		Short: "List the deferred resizes: what each waits for",
+		Long: `List the deferred offline-resize queue. An expansion asked for while a volume
+is attached waits here (queued) until the volume is detached, then an expand
+op grows the disk (running). WAITING FOR says what each one needs.`,
+		Example: `  csid inspect resizes
+  csid inspect resizes -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return with(cmd, "inspect resizes", func(ctx context.Context, src *source, p printer) error {
+				l, err := src.Resizes(ctx)
+				if err != nil {
+					return err
+				}
+				return render(out(cmd), output, l, func(w io.Writer) error { return p.resizes(w, l) })
+			})
+		},
+	}
+	cmd.AddCommand(volumes, volume, ops, resizes)
+	return cmd
+}
+
+// Shell completion.
+
+func fixedCompletion(values ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return values, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+func extCompletion(ext string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return []string{ext}, cobra.ShellCompDirectiveFilterFileExt
+	}
+}
+
+func dirCompletion(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	return nil, cobra.ShellCompDirectiveFilterDirs
+}
+
+func stateCompletion(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	out := make([]string, len(fsm.States))
+	for i, s := range fsm.States {
+		out[i] = string(s)
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// completionVolumes lists the volumes of the source the flags name, for
+// completion (errors complete nothing).
+func (f *sourceFlags) completionVolumes(cmd *cobra.Command) []view.Volume {
+	parent := cmd.Context()
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(parent, 3*time.Second)
+	defer cancel()
+	src, err := f.open(ctx, "inspect", io.Discard)
+	if err != nil {
+		return nil
+	}
+	defer src.Close()
+	l, err := src.Volumes(ctx, view.VolumeFilter{})
+	if err != nil {
+		return nil
+	}
+	return l.Volumes
+}
+
+// volumeCompletion completes volume ids, described by state and name.
+func (f *sourceFlags) volumeCompletion(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	if cmd.Name() == "volume" && len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []string
+	for _, v := range f.completionVolumes(cmd) {
+		out = append(out, fmt.Sprintf("%s\t%s %s", v.ID, v.State, v.Name))
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// nodeCompletion completes the nodes volumes are attached to.
+func (f *sourceFlags) nodeCompletion(cmd *cobra.Command, _ []string, _ string) ([]string, cobra.ShellCompDirective) {
+	var out []string
+	for _, v := range f.completionVolumes(cmd) {
+		if v.Node != "" && !slices.Contains(out, v.Node) {
+			out = append(out, v.Node)
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}

@@ -1,0 +1,305 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/admin"
+	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/fake"
+	"github.com/csid-dev/csid/internal/driver"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// live is a csid run in-process (app.Run, the real wiring and sockets).
+type live struct {
+	dir     string
+	cancel  context.CancelFunc
+	stopped chan error
+}
+
+// startLive runs csid with o (state dir, endpoint and node filled in when
+// empty) until it is ready.
+func startLive(t *testing.T, o app.Options) *live {
+	t.Helper()
+	if o.StateDir == "" {
+		o.StateDir = shortTempDir(t)
+	}
+	if o.Endpoint == "" {
+		o.Endpoint = "unix://" + filepath.Join(o.StateDir, "csi.sock")
+	}
+	if o.Mode == "" {
+		o.Mode = driver.ModeAll
+	}
+	if o.NodeID == "" {
+		o.NodeID = "node-1"
+	}
+	o.Log = zerolog.Nop()
+	ready := make(chan struct{})
+	o.Ready = ready
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &live{dir: o.StateDir, cancel: cancel, stopped: make(chan error, 1)}
+	go func() { l.stopped <- app.Run(ctx, o) }()
+	select {
+	case <-ready:
+	case err := <-l.stopped:
+		cancel()
+		t.Fatalf("csid did not start: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("csid not ready within 30s")
+	}
+	t.Cleanup(func() { l.stop(t) })
+	return l
+}
+
+func (l *live) stop(t testing.TB) {
+	t.Helper()
+	if l.cancel == nil {
+		return
+	}
+	l.cancel()
+	l.cancel = nil
+	if err := <-l.stopped; err != nil {
+		t.Errorf("csid stopped with: %v", err)
+	}
+}
+
+// csiClient speaks CSI to a csid socket.
+type csiClient struct {
+	csi.ControllerClient
+	csi.NodeClient
+}
+
+func dialCSI(t testing.TB, dir string) csiClient {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "csi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return csiClient{csi.NewControllerClient(conn), csi.NewNodeClient(conn)}
+}
+
+func mountCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+// result carries a call's two values so a test can write
+// r(c.CreateVolume(ctx, req)).must(t).
+type result[T any] struct {
+	v   T
+	err error
+}
+
+func r[T any](v T, err error) result[T] { return result[T]{v, err} }
+
+func (x result[T]) must(t testing.TB) T {
+	t.Helper()
+	if x.err != nil {
+		t.Fatal(x.err)
+	}
+	return x.v
+}
+
+// volumes of a lifecycle story, by what they show.
+type story struct {
+	created, published, failed string
+	staging, target            string
+}
+
+// tell drives csid through CSI into volumes in several states: one created,
+// one published with an expansion queued behind its attachment, one whose
+// attach failed for good.
+func tell(t *testing.T, c csiClient, dir string, f *fake.Cloud) story {
+	t.Helper()
+	ctx := context.Background()
+	vc := mountCap()
+	create := func(name string) string {
+		return r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{vc}, Parameters: map[string]string{"csi.storage.k8s.io/pvc/name": name}})).must(t).Volume.VolumeId
+	}
+	s := story{created: create("pvc-created"), published: create("pvc-published"), failed: create("pvc-failed"),
+		staging: filepath.Join(dir, "staging"), target: filepath.Join(dir, "target")}
+
+	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: s.published, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: s.published, StagingTargetPath: s.staging, VolumeCapability: vc, PublishContext: pub.PublishContext})).must(t)
+	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: s.published, TargetPath: s.target, StagingTargetPath: s.staging, VolumeCapability: vc})).must(t)
+	_, err := c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: s.published, CapacityRange: &csi.CapacityRange{RequiredBytes: 128 << 20}, VolumeCapability: vc})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("expand of a published volume: %v, want FailedPrecondition (queued)", err)
+	}
+
+	f.FailCalls(cloud.OpAttach, 1, errors.New("instance node-1 is being replaced"))
+	if _, err := c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: s.failed, NodeId: "node-1", VolumeCapability: vc}); err == nil {
+		t.Fatal("publish with a failing attach succeeded")
+	}
+	return s
+}
+
+// questions are the inspect commands asked of both a live csid and a copy
+// of its state file, in every output format.
+func questions(s story) [][]string {
+	var out [][]string
+	for _, o := range []string{"table", "json", "yaml"} {
+		out = append(out,
+			[]string{"volumes", "-o", o},
+			[]string{"volumes", "--state", "CREATED", "-o", o},
+			[]string{"volumes", "--node", "node-1", "-o", o},
+			[]string{"volume", s.created, "-o", o},
+			[]string{"volume", s.published, "-o", o},
+			[]string{"volume", s.failed, "-o", o},
+			[]string{"ops", "-o", o},
+			[]string{"ops", "--pending", "-o", o},
+			[]string{"ops", "--failed", "-o", o},
+			[]string{"resizes", "-o", o},
+		)
+	}
+	return out
+}
+
+// TestInspectLiveAndStateFileAgree is acceptance 1: csid inspect gives the
+// same answers, byte for byte, from a live csid (its admin socket, found
+// through --state-dir) and from a copy of its state file (--db), for
+// volumes created, published with a queued resize, and with a failed op.
+func TestInspectLiveAndStateFileAgree(t *testing.T) {
+	f := fake.New(fake.Options{Zones: []string{"fake"}})
+	l := startLive(t, app.Options{Cloud: "fake", Fake: f})
+	s := tell(t, dialCSI(t, l.dir), l.dir, f)
+	now := time.Now()
+
+	qs := questions(s)
+	answers := make([]string, len(qs))
+	for i, q := range qs {
+		answers[i] = inspectAt(t, now, append(q, "--state-dir", l.dir)...)
+	}
+
+	t.Logf("csid inspect volumes:\n%s\ncsid inspect volume %s:\n%s\ncsid inspect volume %s:\n%s", answers[0], s.published, answers[4], s.failed, answers[5])
+	// What the answers say, in a few words.
+	vols := answers[0]
+	for _, want := range []string{s.created + "  pvc-created    CREATED", "PUBLISHED", "queued to 128 MiB", "controller_publish failed: Internal"} {
+		if !strings.Contains(vols, want) {
+			t.Errorf("csid inspect volumes does not say %q:\n%s", want, vols)
+		}
+	}
+	failed := answers[5]
+	if !strings.Contains(failed, "instance node-1 is being replaced") {
+		t.Errorf("csid inspect volume %s does not say why its publish failed:\n%s", s.failed, failed)
+	}
+	if !strings.Contains(answers[4], "waits for the detach from node-1") || !strings.Contains(answers[4], s.target) {
+		t.Errorf("csid inspect volume %s:\n%s", s.published, answers[4])
+	}
+
+	l.stop(t)
+	cp := filepath.Join(t.TempDir(), "copy.db")
+	copyFile(t, app.StateFile(l.dir, driver.ModeAll), cp)
+	for i, q := range qs {
+		got := inspectAt(t, now, append(q, "--db", cp)...)
+		if got != answers[i] {
+			t.Errorf("csid inspect %s: the state file and the live csid differ:\n--- --db\n%s\n--- socket\n%s", strings.Join(q, " "), got, answers[i])
+		}
+	}
+}
+
+func copyFile(t testing.TB, from, to string) {
+	t.Helper()
+	src, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.Create(to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInspectLockedStateFile is acceptance 2: --db on the state file of a
+// running csid (another process: a real `csid serve`) answers within 2s
+// with an error that names the holder and says to use the admin socket.
+func TestInspectLockedStateFile(t *testing.T) {
+	dir := shortTempDir(t)
+	child := startServe(t, dir, "--cloud", "fake", "--node-id", "node-1", "--log-level", "error")
+	db := app.StateFile(dir, driver.ModeAll)
+
+	start := time.Now()
+	code, stdout, stderr := cli(t, "inspect", "volumes", "--db", db)
+	took := time.Since(start)
+	t.Logf("csid inspect --db on a file held by pid %d answered in %v: %s", child.pid(), took.Round(time.Millisecond), stderr)
+	if took >= 2*time.Second {
+		t.Errorf("answered after %v, want < 2s", took)
+	}
+	if code != 1 || stdout != "" {
+		t.Errorf("exit %d, stdout %q; want 1 and nothing", code, stdout)
+	}
+	for _, want := range []string{fmt.Sprintf("in use by pid %d", child.pid()), "--socket " + app.AdminSocketPath(dir, driver.ModeAll), "csid inspect volumes"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("the error does not say %q:\n%s", want, stderr)
+		}
+	}
+
+	// The socket it names answers, and so does discovery in --state-dir.
+	for _, args := range [][]string{{"--socket", app.AdminSocketPath(dir, driver.ModeAll)}, {"--state-dir", dir}} {
+		code, stdout, stderr = cli(t, append([]string{"inspect", "volumes"}, args...)...)
+		if code != 0 || !strings.Contains(stdout, "No volumes.") {
+			t.Errorf("csid inspect volumes %s: exit %d\n%s%s", args, code, stdout, stderr)
+		}
+	}
+	terminate(t, child, 30*time.Second)
+
+	// Stopped: the file is free, and csid inspect says how to read it.
+	code, _, stderr = cli(t, "inspect", "volumes", "--state-dir", dir)
+	if code != 1 || !strings.Contains(stderr, "--db "+db) {
+		t.Errorf("nothing running: exit %d, want 1 and a hint naming --db %s:\n%s", code, db, stderr)
+	}
+	if code, stdout, stderr = cli(t, "inspect", "volumes", "--db", db); code != 0 || !strings.Contains(stdout, "No volumes.") {
+		t.Errorf("--db of a stopped csid: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// startServe runs this test binary as `csid serve --state-dir dir args...`
+// (main_test.go's startCSIDProcess) and waits until its admin socket
+// answers.
+func startServe(t *testing.T, dir string, args ...string) *process {
+	t.Helper()
+	p := startCSIDProcess(t, "", append([]string{"serve", "--state-dir", dir}, args...)...)
+	cl := admin.NewClient(app.AdminSocketPath(dir, driver.ModeAll), time.Second)
+	defer cl.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := cl.Info(context.Background()); err == nil {
+			return p
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("csid exited before its admin socket answered (%v):\n%s", p.err, p.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("csid's admin socket did not answer within 30s:\n%s", p.stderr)
+		}
+		time.Sleep(20 * time.Millisecond) // polling another process's socket
+	}
+}
