@@ -1,0 +1,256 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/csid-dev/csid/internal/check"
+	"github.com/csid-dev/csid/internal/cloud/local"
+	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/spf13/cobra"
+)
+
+const checkLong = `Compare what csid's records say with what the cloud and this host show, and
+print each disagreement with its likely cause and the action to take. It
+changes nothing. Exit status: 0 when records, cloud and host agree, 1 when
+anything is found (or csid check itself fails).
+
+It reads the records of every csid answering on an admin socket in
+--state-dir (admin-all.sock, admin-controller.sock, admin-node.sock), or
+those named with --socket, or the state files of stopped csids with --db
+(read-only; repeat the flags for several); the local backend's disks in
+--state-dir (read-only, without its lock); the loop devices bound to those
+disks; and the mount table, where it looks at the mounts kubelet made for
+csid (under --kubelet-root) and those of csid's devices and recorded paths.
+
+Findings: disk-without-volume, volume-without-disk, attachment-unknown,
+attachment-missing, loop-device-unaccounted, mount-unaccounted,
+mount-missing (docs/operations.md explains each). A volume with an op in
+flight, or whose record changed while csid check read, is left out and
+named in a note.
+
+Run it where the node's mounts are: in the node plugin's pod.`
+
+const checkExample = `  # the all-in-one csid in ./csid-data
+  sudo csid check --kubelet-root ""
+
+  # in Kubernetes, in the node plugin's pod of a node
+  kubectl exec -n csid <csid-node pod> -c csid -- csid check --state-dir /var/lib/csid
+
+  # a stopped csid, for tools
+  csid check --db /var/lib/csid/node.db --state-dir /var/lib/csid -o json`
+
+// findingsError is the error of a check that found something: exit 1.
+type findingsError struct{ n int }
+
+func (e findingsError) Error() string {
+	if e.n == 1 {
+		return "check found 1 problem"
+	}
+	return fmt.Sprintf("check found %d problems", e.n)
+}
+
+// ExitCode is 1: something was found.
+func (e findingsError) ExitCode() int { return 1 }
+
+// checkDoc is csid check's document (-o json, -o yaml).
+type checkDoc struct {
+	// Records are the csid records compared: {name, mode}.
+	Records []check.Store `json:"records"`
+	// Cloud is the local backend's state directory read ("" when none).
+	Cloud string `json:"cloud,omitempty"`
+	// HostNodes are the nodes whose devices and mounts are on this host.
+	HostNodes   []string `json:"hostNodes"`
+	KubeletRoot string   `json:"kubeletRoot,omitempty"`
+	check.Report
+}
+
+func newCheck() *cobra.Command {
+	var sockets, dbs []string
+	var stateDir, kubeletRoot, nodeID, driverName, output string
+	cmd := &cobra.Command{
+		Use:     "check",
+		Short:   "Compare csid's records with the cloud and the host; explain each disagreement",
+		Long:    checkLong,
+		Example: checkExample,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			var srcs []*source
+			defer func() {
+				for _, s := range srcs {
+					s.Close()
+				}
+			}()
+			for _, sock := range sockets {
+				s, err := openSocket(ctx, sock)
+				if err != nil {
+					return err
+				}
+				srcs = append(srcs, s)
+			}
+			for _, db := range dbs {
+				s, err := openDB(db, "check")
+				if err != nil {
+					return err
+				}
+				srcs = append(srcs, s)
+			}
+			if len(srcs) == 0 {
+				live, err := discover(ctx, stateDir, "check")
+				if err != nil {
+					return err
+				}
+				for _, l := range live {
+					srcs = append(srcs, l.source)
+				}
+			}
+
+			s := check.Sources{DriverName: driverName, KubeletRoot: kubeletRoot}
+			doc := checkDoc{KubeletRoot: kubeletRoot}
+			var nodes []string
+			for _, src := range srcs {
+				s.Records = append(s.Records, check.RecordSource{Name: src.what, Mode: string(src.mode), Source: src})
+				doc.Records = append(doc.Records, check.Store{Name: src.what, Mode: string(src.mode)})
+				if src.mode != driver.ModeController {
+					if info, err := src.Info(ctx); err == nil && info.NodeID != "" {
+						nodes = append(nodes, info.NodeID)
+					}
+				}
+			}
+			insp, err := local.OpenInspector(stateDir)
+			switch {
+			case errors.Is(err, local.ErrNoState):
+				s.CloudNotRead = fmt.Sprintf("no local backend in %s (--state-dir): the cloud's disks, attachments and loop devices are not compared", stateDir)
+			case err != nil:
+				return err
+			default:
+				s.Cloud, doc.Cloud = insp, insp.Dir()
+				registered, err := insp.Nodes()
+				if err != nil {
+					return err
+				}
+				nodes = append(nodes, registered...)
+			}
+			if nodeID != "" {
+				nodes = []string{nodeID}
+			}
+			if len(nodes) == 0 {
+				h, err := os.Hostname()
+				if err != nil {
+					return fmt.Errorf("no --node-id and no hostname: %w", err)
+				}
+				nodes = []string{h}
+			}
+			slices.Sort(nodes)
+			s.HostNodes, doc.HostNodes = slices.Compact(nodes), slices.Compact(nodes)
+			if kubeletRoot != "" {
+				if _, err := os.Stat(kubeletRoot); err != nil {
+					s.MountsNotRead = fmt.Sprintf("kubelet's root %s is not here (%v): mounts are not compared; run csid check in the node plugin's pod, or give --kubelet-root (\"\" when there is no kubelet)", kubeletRoot, errors.Unwrap(err))
+				} else {
+					s.Mounts = mounter.New()
+				}
+			} else {
+				s.Mounts = mounter.New()
+			}
+
+			in, err := check.Gather(ctx, s)
+			if err != nil {
+				return err
+			}
+			doc.Report = check.Compare(in)
+			w := cmd.OutOrStdout()
+			if err := render(w, output, doc, func(w io.Writer) error { return printCheck(w, doc) }); err != nil {
+				return err
+			}
+			if !doc.Clean() {
+				return findingsError{len(doc.Findings)}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&sockets, "socket", nil, "admin socket of a running csid (repeatable; default: every one that answers in --state-dir)")
+	f.StringArrayVar(&dbs, "db", nil, "state file of a stopped csid, opened read-only (repeatable)")
+	f.StringVar(&stateDir, "state-dir", "csid-data", "csid's state directory: its admin sockets, and the local backend's disks")
+	f.StringVar(&kubeletRoot, "kubelet-root", "/var/lib/kubelet", "kubelet's root directory (\"\": no kubelet, compare csid's recorded paths only)")
+	f.StringVar(&nodeID, "node-id", "", "the node this host is (default: the node of the csid read, and the local backend's nodes)")
+	f.StringVar(&driverName, "driver-name", driver.DefaultName, "csid's CSI driver name, as in kubelet's directories")
+	f.StringVarP(&output, "output", "o", outTable, "output format: table, json or yaml")
+	_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletion(outputs...))
+	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
+	_ = cmd.RegisterFlagCompletionFunc("socket", extCompletion("sock"))
+	_ = cmd.RegisterFlagCompletionFunc("state-dir", dirCompletion)
+	_ = cmd.RegisterFlagCompletionFunc("kubelet-root", dirCompletion)
+	return cmd
+}
+
+// printCheck draws csid check's report for people.
+func printCheck(w io.Writer, d checkDoc) error {
+	c := d.Checked
+	fmt.Fprintf(w, "Compared %d volumes, %d disks, %d loop devices and %d mounts of csid.\n", c.Volumes, c.Disks, c.Devices, c.Mounts)
+	for _, r := range d.Records {
+		fmt.Fprintf(w, "  records: %s\n", r.Name)
+	}
+	if d.Cloud != "" {
+		fmt.Fprintf(w, "  cloud:   local backend in %s\n", d.Cloud)
+	}
+	root := d.KubeletRoot
+	if root == "" {
+		root = "none"
+	}
+	fmt.Fprintf(w, "  host:    nodes %s; kubelet root %s\n", strings.Join(d.HostNodes, ", "), root)
+	switch {
+	case d.Clean() && len(d.Notes) > 0:
+		fmt.Fprintln(w, "\nNo problems in what could be compared; the notes say what could not.")
+	case d.Clean():
+		fmt.Fprintln(w, "\nNo problems: records, cloud and host agree.")
+	default:
+		n := len(d.Findings)
+		fmt.Fprintf(w, "\n%d problem%s:\n", n, map[bool]string{true: "", false: "s"}[n == 1])
+		for i, f := range d.Findings {
+			fmt.Fprintf(w, "\n[%d] %s\n", i+1, f.Kind)
+			fmt.Fprint(w, wrap("problem: ", f.Problem))
+			fmt.Fprint(w, wrap("cause:   ", f.Cause))
+			fmt.Fprint(w, wrap("action:  ", f.Action))
+		}
+	}
+	if len(d.Notes) > 0 {
+		fmt.Fprintln(w)
+	}
+	for _, n := range d.Notes {
+		fmt.Fprint(w, wrap("note: ", n))
+	}
+	return nil
+}
+
+// wrap writes text after label, wrapped at 100 columns and indented under
+// the label's end.
+func wrap(label, text string) string {
+	const width = 100
+	pad := "    " + strings.Repeat(" ", len(label))
+	var b strings.Builder
+	b.WriteString("    " + label)
+	col := len(pad)
+	for i, word := range strings.Fields(text) {
+		if i > 0 && col+1+len(word) > width {
+			b.WriteString("\n" + pad)
+			col = len(pad)
+		} else if i > 0 {
+			b.WriteByte(' ')
+			col++
+		}
+		b.WriteString(word)
+		col += len(word)
+	}
+	b.WriteByte('\n')
+	return b.String()
+}

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/admin"
+	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/check"
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/local"
+	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/loopdev"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+// checkRun runs `csid check args... -o json` and returns its exit code and
+// report.
+func checkRun(t *testing.T, args ...string) (int, checkDoc) {
+	t.Helper()
+	code, stdout, stderr := cli(t, append(append([]string{"check"}, args...), "-o", "json")...)
+	var doc checkDoc
+	if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
+		t.Fatalf("csid check: exit %d, %v\nstdout: %s\nstderr: %s", code, err, stdout, stderr)
+	}
+	return code, doc
+}
+
+func findingKinds(d checkDoc) []check.Kind {
+	var out []check.Kind
+	for _, f := range d.Findings {
+		out = append(out, f.Kind)
+	}
+	return out
+}
+
+// releaseLeftovers unmounts whatever is mounted under dir and releases the
+// loop devices bound to files under it, so that a failing test leaves
+// nothing on the machine.
+func releaseLeftovers(t *testing.T, dir string) {
+	t.Helper()
+	ctx := context.Background()
+	mps, err := mounter.New().List(ctx)
+	if err != nil {
+		t.Error(err)
+	}
+	for i := len(mps) - 1; i >= 0; i-- {
+		if strings.HasPrefix(mps[i].Path, dir+"/") {
+			if err := unix.Unmount(mps[i].Path, unix.MNT_DETACH); err != nil {
+				t.Errorf("unmount %s: %v", mps[i].Path, err)
+			}
+		}
+	}
+	devs, err := loopdev.List()
+	if err != nil {
+		t.Error(err)
+	}
+	for _, d := range devs {
+		if !strings.HasPrefix(d.BackingFile, dir+"/") {
+			continue
+		}
+		id, err := loopdev.Backing(d.Path)
+		if err == nil {
+			err = loopdev.Release(ctx, d.Path, id)
+		}
+		if err != nil {
+			t.Errorf("release %s: %v", d.Path, err)
+		}
+	}
+}
+
+// TestCheckFindsEachConditionForReal is acceptance 3: on a real csid (the
+// local backend: sparse files, loop devices, ext4, real mounts) csid check
+// reports nothing on a clean system and exits 0, and reports each
+// condition, made for real behind csid's back, with exit 1: a disk with no
+// record, a record whose disk is gone, a loop device no volume accounts
+// for, a mount no volume accounts for, an attachment the records do not
+// know, and a published volume whose mount is gone.
+func TestCheckFindsEachConditionForReal(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	dir := shortTempDir(t)
+	kubelet := filepath.Join(dir, "kubelet")
+	startLive(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1"})
+	t.Cleanup(func() { releaseLeftovers(t, dir) }) // runs before csid stops
+	c := dialCSI(t, dir)
+	vc := mountCap()
+	create := func(name string) string {
+		return r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t).Volume.VolumeId
+	}
+	adm := admin.NewClient(app.AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
+	defer adm.Close()
+	diskOf := func(id string) string { return r(adm.Volume(ctx, id)).must(t).DiskID }
+
+	// A volume published where kubelet would: staged in csid's plugin
+	// directory, published in a pod's volume directory beside the
+	// vol_data.json kubelet writes; and two detached volumes.
+	pub := create("pvc-pub")
+	staging := filepath.Join(kubelet, "plugins/kubernetes.io/csi", driver.DefaultName, "9b1e5c/globalmount")
+	target := filepath.Join(kubelet, "pods/0b7d4e36/volumes/kubernetes.io~csi/pvc-pub/mount")
+	for _, d := range []string{filepath.Dir(staging), filepath.Dir(target)} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		volData := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, pub)
+		if err := os.WriteFile(filepath.Join(d, "vol_data.json"), []byte(volData), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pc := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: pub, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: pub, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pc.PublishContext})).must(t)
+	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: pub, TargetPath: target, StagingTargetPath: staging, VolumeCapability: vc})).must(t)
+	spare, doomed := create("pvc-spare"), create("pvc-doomed")
+
+	args := []string{"--state-dir", dir, "--kubelet-root", kubelet}
+	expectClean := func(when string) {
+		t.Helper()
+		code, doc := checkRun(t, args...)
+		if code != 0 || !doc.Clean() || len(doc.Notes) != 0 {
+			t.Fatalf("%s: exit %d, findings %+v, notes %q", when, code, doc.Findings, doc.Notes)
+		}
+		if doc.Checked.Mounts < 2 || doc.Checked.Devices != 1 {
+			t.Fatalf("%s: checked %+v, want the published volume's device and its two mounts", when, doc.Checked)
+		}
+	}
+	expect := func(what string, kind check.Kind, about string) check.Finding {
+		t.Helper()
+		code, doc := checkRun(t, args...)
+		if code != 1 || !slices.Equal(findingKinds(doc), []check.Kind{kind}) {
+			t.Fatalf("%s: exit %d, findings %v, want exit 1 and [%s]: %+v", what, code, findingKinds(doc), kind, doc.Findings)
+		}
+		f := doc.Findings[0]
+		if !strings.Contains(f.Problem, about) || f.Cause == "" || f.Action == "" {
+			t.Errorf("%s: the finding does not name %s, or lacks a cause or an action: %+v", what, about, f)
+		}
+		t.Logf("%s:\n%s", what, wrap("problem: ", f.Problem)+wrap("cause:   ", f.Cause)+wrap("action:  ", f.Action))
+		return f
+	}
+	expectClean("a clean system")
+
+	// Another client of the state directory, as another process would be.
+	cl, err := local.Open(ctx, dir, local.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	do := func(op cloud.Operation, err error) {
+		t.Helper()
+		if err == nil {
+			_, err = cl.WaitOperation(ctx, op.ID)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// 1. A disk csid does not know.
+	op, err := cl.CreateDisk(ctx, cloud.DiskSpec{Name: "made-by-hand", SizeBytes: 8 << 20})
+	do(op, err)
+	expect("a disk with no volume record", check.DiskWithoutVolume, op.DiskID)
+	do(cl.DeleteDisk(ctx, op.DiskID))
+	expectClean("the stray disk deleted")
+
+	// 2. A record whose disk was deleted behind csid's back.
+	do(cl.DeleteDisk(ctx, diskOf(doomed)))
+	expect("a record whose disk is gone", check.VolumeWithoutDisk, doomed)
+	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: doomed})).must(t)
+	expectClean("the volume of the lost disk deleted")
+
+	// 3. A loop device bound by hand to a detached disk's image.
+	insp, err := local.OpenInspector(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := os.OpenFile(insp.ImagePath(diskOf(spare)), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := loopdev.Attach(ctx, img, loopdev.Options{})
+	img.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect("a loop device no volume accounts for", check.LoopDeviceUnaccounted, dev.Path)
+	id, err := loopdev.Backing(dev.Path)
+	if err == nil {
+		err = loopdev.Release(ctx, dev.Path, id)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectClean("the loop device released")
+
+	// 4. A tmpfs mounted in csid's staging directory under the kubelet root.
+	stray := filepath.Join(kubelet, "plugins/kubernetes.io/csi", driver.DefaultName, "77aa01/globalmount")
+	if err := os.MkdirAll(stray, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", stray, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	expect("a mount no volume accounts for", check.MountUnaccounted, stray)
+	if err := unix.Unmount(stray, 0); err != nil {
+		t.Fatal(err)
+	}
+	expectClean("the tmpfs unmounted")
+
+	// 5. An attachment made in the cloud directly.
+	do(cl.AttachDisk(ctx, diskOf(spare), "node-1"))
+	expect("an attachment the store does not know", check.AttachmentUnknown, "attached to node-1")
+	do(cl.DetachDisk(ctx, diskOf(spare), "node-1"))
+	expectClean("the disk detached")
+
+	// 6. The published volume's mount gone behind csid's back.
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	expect("a published volume whose mount is gone", check.MountMissing, target)
+	// The remedy the finding gives: the pod goes, kubelet unpublishes.
+	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: pub, TargetPath: target})).must(t)
+	code, doc := checkRun(t, args...)
+	if code != 0 || !doc.Clean() {
+		t.Fatalf("after the unpublish: exit %d, %+v", code, doc.Findings)
+	}
+
+	// Tear down through CSI: nothing is left, and check agrees.
+	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: pub, StagingTargetPath: staging})).must(t)
+	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: pub, NodeId: "node-1"})).must(t)
+	for _, id := range []string{pub, spare} {
+		r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+	}
+	code, doc = checkRun(t, args...)
+	if code != 0 || !doc.Clean() || doc.Checked != (check.Counts{}) {
+		t.Fatalf("after deleting everything: exit %d, checked %+v, findings %+v", code, doc.Checked, doc.Findings)
+	}
+}

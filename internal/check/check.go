@@ -1,0 +1,508 @@
+// Package check compares what csid's records say with what the cloud and
+// the host show, and explains each disagreement: what differs, its likely
+// cause, and what to do. `csid check` gathers the inputs (the records
+// through the admin socket or a state file, the disks from the cloud, the
+// loop devices and the mount table from the host) and prints the report;
+// the crash-recovery drills use Compare to prove that nothing leaked.
+//
+// Compare is pure: it reads only its Input and changes nothing. A volume
+// with an op in flight, or whose record changed while the inputs were
+// gathered, is left out of the comparison (its records, disk, devices and
+// mounts may be between two states); Report.Notes says so.
+//
+// # Findings (Finding.Kind)
+//
+//	disk-without-volume      the cloud has a disk no record names
+//	volume-without-disk      a record names a disk the cloud does not have
+//	attachment-unknown       the cloud has a disk attached to a node the record does not say
+//	attachment-missing       a record says attached, the cloud says the disk is detached
+//	loop-device-unaccounted  a loop device of the state directory's disks that no attached volume explains
+//	mount-unaccounted        a mount of csid's (in its kubelet directories, or of its devices) that no record explains
+//	mount-missing            a record says staged or published at a path where nothing is mounted
+package check
+
+import (
+	"cmp"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/effects"
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/view"
+)
+
+// Kind names a kind of finding; the names are stable (tools match them).
+type Kind string
+
+// Kinds of findings, in the order reports list them.
+const (
+	DiskWithoutVolume     Kind = "disk-without-volume"
+	VolumeWithoutDisk     Kind = "volume-without-disk"
+	AttachmentUnknown     Kind = "attachment-unknown"
+	AttachmentMissing     Kind = "attachment-missing"
+	LoopDeviceUnaccounted Kind = "loop-device-unaccounted"
+	MountUnaccounted      Kind = "mount-unaccounted"
+	MountMissing          Kind = "mount-missing"
+)
+
+// Kinds lists every kind, in report order.
+var Kinds = []Kind{DiskWithoutVolume, VolumeWithoutDisk, AttachmentUnknown, AttachmentMissing,
+	LoopDeviceUnaccounted, MountUnaccounted, MountMissing}
+
+// Finding is one disagreement between records, cloud and host.
+type Finding struct {
+	Kind Kind `json:"kind"`
+	// Volume, Disk, Node, Device and Path are what the finding is about
+	// (those that apply).
+	Volume string `json:"volume,omitempty"`
+	Disk   string `json:"disk,omitempty"`
+	Node   string `json:"node,omitempty"`
+	Device string `json:"device,omitempty"`
+	Path   string `json:"path,omitempty"`
+	// Problem says what disagrees, Cause what most likely led there, Action
+	// what to do about it.
+	Problem string `json:"problem"`
+	Cause   string `json:"cause"`
+	Action  string `json:"action"`
+}
+
+// Store is the records of one csid process.
+type Store struct {
+	// Name says where they come from (a socket or a state file).
+	Name string `json:"name"`
+	// Mode is the csid's mode: "all", "controller" or "node" ("" is read
+	// as "all"). Controller records (all, controller) say which disks
+	// exist and where they are attached; node records (all, node) say what
+	// is staged and published.
+	Mode    string        `json:"mode"`
+	Volumes []view.Volume `json:"-"`
+}
+
+func (s *Store) controller() bool { return s.Mode != "node" }
+func (s *Store) node() bool       { return s.Mode != "controller" }
+
+// Mount is a mount table entry and the CSI driver kubelet's vol_data.json
+// beside it names ("" when there is none).
+type Mount struct {
+	mounter.MountPoint
+	Driver string
+}
+
+// Input is everything Compare compares. A nil Disks (with DisksRead false)
+// or an unread host leaves those comparisons out, with a note.
+type Input struct {
+	Stores []Store
+	// DisksRead says whether Disks is the cloud's list of disks.
+	DisksRead bool
+	Disks     []cloud.Disk
+	// DevicesRead says whether Devices holds the host's loop devices of
+	// the cloud's disks, by disk id.
+	DevicesRead bool
+	Devices     map[string]string
+	// MountsRead says whether Mounts is the host's mount table.
+	MountsRead bool
+	Mounts     []Mount
+	// CloudNotRead and MountsNotRead say why the cloud (its disks and the
+	// loop devices) or the mount table were not read, for the notes (""
+	// gives a generic note).
+	CloudNotRead, MountsNotRead string
+	// HostNodes are the nodes whose devices and mounts are on this host.
+	HostNodes []string
+	// DriverName is csid's CSI driver name (kubelet's directories name it).
+	DriverName string
+	// KubeletRoot is kubelet's root directory ("" for none).
+	KubeletRoot string
+	// Changing names volumes whose records changed while the inputs were
+	// gathered (see Changed).
+	Changing map[string]bool
+}
+
+// Report is what Compare found.
+type Report struct {
+	Findings []Finding `json:"findings"`
+	// Notes say what was not compared, and why.
+	Notes []string `json:"notes,omitempty"`
+	// Checked counts what was compared.
+	Checked Counts `json:"checked"`
+}
+
+// Counts are the sizes of the inputs.
+type Counts struct {
+	Volumes int `json:"volumes"`
+	Disks   int `json:"disks"`
+	Devices int `json:"loopDevices"`
+	Mounts  int `json:"mounts"`
+}
+
+// Clean reports whether nothing was found.
+func (r *Report) Clean() bool { return len(r.Findings) == 0 }
+
+// attached are the states in which a volume is attached to its node.
+func attached(s fsm.State) bool { return s == fsm.NodeReady || s == fsm.VolReady || s == fsm.Published }
+
+// staged are the states in which a volume is mounted at its staging path.
+func staged(s fsm.State) bool { return s == fsm.VolReady || s == fsm.Published }
+
+type comparison struct {
+	in    Input
+	out   Report
+	host  map[string]bool
+	ctrl  map[string]view.Volume   // controller records by volume id
+	nodes []view.Volume            // node records
+	all   map[string][]view.Volume // every record by disk id
+	skip  map[string]string        // volumes left out, and why
+	haveC bool                     // some store holds controller records
+	haveN bool                     // some store holds node records
+}
+
+// Compare compares records, cloud and host; see the package doc.
+func Compare(in Input) Report {
+	c := &comparison{in: in, host: map[string]bool{}, ctrl: map[string]view.Volume{}, all: map[string][]view.Volume{}, skip: map[string]string{}}
+	c.out.Findings = []Finding{}
+	for _, n := range in.HostNodes {
+		c.host[n] = true
+	}
+	ids := map[string]bool{}
+	for _, s := range in.Stores {
+		c.haveC = c.haveC || s.controller()
+		c.haveN = c.haveN || s.node()
+		for _, v := range s.Volumes {
+			ids[v.ID] = true
+			if v.PendingOp != nil {
+				c.skip[v.ID] = fmt.Sprintf("op #%d %s in flight", v.PendingOp.Seq, v.PendingOp.Event)
+			} else if in.Changing[v.ID] {
+				c.skip[v.ID] = "changed while check ran"
+			}
+			if s.controller() {
+				c.ctrl[v.ID] = v
+			}
+			if s.node() {
+				c.nodes = append(c.nodes, v)
+			}
+			if v.DiskID != "" {
+				c.all[v.DiskID] = append(c.all[v.DiskID], v)
+			}
+		}
+	}
+	for id := range in.Changing {
+		if !ids[id] {
+			c.skip[id] = "changed while check ran"
+		}
+	}
+	c.out.Checked = Counts{Volumes: len(ids), Disks: len(in.Disks), Devices: len(in.Devices)}
+
+	if len(in.Stores) == 0 {
+		c.note("no csid records were read: nothing to compare")
+		return c.out
+	}
+	c.disks()
+	c.devices()
+	c.mounts()
+	if len(c.skip) > 0 {
+		var parts []string
+		for _, id := range sortedKeys(c.skip) {
+			parts = append(parts, id+" ("+c.skip[id]+")")
+		}
+		c.note("left out, as their records, disks and mounts may be between two states: " + strings.Join(parts, ", "))
+	}
+	slices.SortStableFunc(c.out.Findings, func(a, b Finding) int {
+		if d := cmp.Compare(slices.Index(Kinds, a.Kind), slices.Index(Kinds, b.Kind)); d != 0 {
+			return d
+		}
+		return cmp.Or(cmp.Compare(a.Volume, b.Volume), cmp.Compare(a.Disk, b.Disk), cmp.Compare(a.Device, b.Device), cmp.Compare(a.Path, b.Path))
+	})
+	return c.out
+}
+
+// onHost reports whether a node's devices and mounts are on this host
+// (every node is, when the host's nodes are not known).
+func (c *comparison) onHost(node string) bool { return len(c.host) == 0 || c.host[node] }
+
+func (c *comparison) note(s string) { c.out.Notes = append(c.out.Notes, s) }
+
+func (c *comparison) add(f Finding) { c.out.Findings = append(c.out.Findings, f) }
+
+// skipped reports whether any of the volumes is left out.
+func (c *comparison) skipped(ids ...string) bool {
+	for _, id := range ids {
+		if _, ok := c.skip[id]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+func diskWords(d cloud.Disk) string {
+	where := "detached"
+	if d.AttachedTo != "" {
+		where = "attached to " + d.AttachedTo
+	}
+	name := ""
+	if d.Name != "" {
+		name = fmt.Sprintf("name %q, ", d.Name)
+	}
+	return fmt.Sprintf("disk %s (%s%d bytes, %s)", d.ID, name, d.SizeBytes, where)
+}
+
+// disks compares the cloud's disks with the controller records.
+func (c *comparison) disks() {
+	switch {
+	case !c.in.DisksRead:
+		c.note(cmp.Or(c.in.CloudNotRead, "the cloud was not read: disks and attachments are not compared"))
+		return
+	case !c.haveC:
+		c.note("no controller records were read (only a node's): disks and attachments are not compared; run csid check where the controller's admin socket or state file is, or pass it with --socket or --db")
+		return
+	}
+	byDisk := map[string]view.Volume{}
+	for _, v := range c.ctrl {
+		if v.DiskID != "" {
+			byDisk[v.DiskID] = v
+		}
+	}
+	inCloud := map[string]cloud.Disk{}
+	for _, d := range c.in.Disks {
+		inCloud[d.ID] = d
+		v, ok := byDisk[d.ID]
+		if !ok {
+			owner := d.Tags[effects.TagVolumeID]
+			if owner != "" && c.skipped(owner) {
+				continue // being created (or deleted) right now
+			}
+			c.add(diskWithoutVolume(d, owner))
+			continue
+		}
+		if c.skipped(v.ID) {
+			continue
+		}
+		recNode := ""
+		if attached(v.State) {
+			recNode = v.Node
+		}
+		switch {
+		case d.AttachedTo != "" && d.AttachedTo != recNode:
+			c.add(attachmentUnknown(v, d, recNode))
+		case recNode != "" && d.AttachedTo == "":
+			c.add(attachmentMissing(v, d))
+		}
+	}
+	for _, id := range sortedKeys(c.ctrl) {
+		v := c.ctrl[id]
+		if v.DiskID == "" || v.State == fsm.Absent || c.skipped(v.ID) {
+			continue
+		}
+		if _, ok := inCloud[v.DiskID]; !ok {
+			c.add(volumeWithoutDisk(v))
+		}
+	}
+}
+
+// devices compares the host's loop devices with the records.
+func (c *comparison) devices() {
+	if !c.in.DevicesRead {
+		if c.in.DisksRead || c.in.CloudNotRead == "" {
+			c.note("the host's loop devices were not read: they are not compared")
+		}
+		return
+	}
+	disks := map[string]cloud.Disk{}
+	for _, d := range c.in.Disks {
+		disks[d.ID] = d
+	}
+	for _, diskID := range sortedKeys(c.in.Devices) {
+		dev := c.in.Devices[diskID]
+		recs := c.all[diskID]
+		var ids []string
+		accounted := false
+		for _, v := range recs {
+			ids = append(ids, v.ID)
+			accounted = accounted || (attached(v.State) && c.onHost(v.Node))
+		}
+		if d, ok := disks[diskID]; ok && d.Tags[effects.TagVolumeID] != "" {
+			ids = append(ids, d.Tags[effects.TagVolumeID])
+		}
+		if accounted || c.skipped(ids...) {
+			continue
+		}
+		d, inCloud := disks[diskID]
+		c.add(loopDeviceUnaccounted(diskID, dev, recs, d, inCloud && c.in.DisksRead, c.in.DisksRead))
+	}
+}
+
+// mounts compares the host's mount table with the node records.
+func (c *comparison) mounts() {
+	if !c.in.MountsRead {
+		c.note(cmp.Or(c.in.MountsNotRead, "the host's mount table was not read: mounts are not compared"))
+		return
+	}
+	if !c.haveN {
+		c.note("no node records were read (only a controller's): mounts are not compared; run csid check in the node plugin's pod")
+		return
+	}
+	recorded := map[string]view.Volume{} // staging and target paths
+	inFlight := map[string]bool{}
+	for _, v := range c.nodes {
+		if !c.onHost(v.Node) {
+			continue
+		}
+		if _, ok := c.skip[v.ID]; ok {
+			for _, p := range pendingPaths(v.PendingOp) {
+				inFlight[p] = true
+			}
+			if v.StagingPath != "" {
+				inFlight[v.StagingPath] = true
+			}
+			for _, t := range v.Targets {
+				inFlight[t.Path] = true
+			}
+			continue
+		}
+		if staged(v.State) && v.StagingPath != "" {
+			recorded[v.StagingPath] = v
+		}
+		if v.State == fsm.Published {
+			for _, t := range v.Targets {
+				recorded[t.Path] = v
+			}
+		}
+	}
+	// The devices of volumes staged here: kubelet bind-mounts their
+	// filesystems elsewhere too (sub-paths), which is theirs to do.
+	stagedDevices := map[string]bool{}
+	csidDevices := map[string]string{} // device -> disk id
+	for diskID, dev := range c.in.Devices {
+		csidDevices[dev] = diskID
+		for _, v := range c.all[diskID] {
+			if staged(v.State) && c.onHost(v.Node) {
+				stagedDevices[dev] = true
+			}
+		}
+	}
+	mounted := map[string]Mount{}
+	csidMounts := 0
+	for _, m := range c.in.Mounts {
+		mounted[m.Path] = m
+		dev := mountDevice(m.MountPoint)
+		_, fromCSID := csidDevices[dev]
+		owned := c.ownedPath(m)
+		if !owned && !fromCSID {
+			if _, ok := recorded[m.Path]; !ok {
+				continue // not csid's
+			}
+		}
+		csidMounts++
+		if _, ok := recorded[m.Path]; ok || inFlight[m.Path] {
+			continue
+		}
+		if !owned && stagedDevices[dev] {
+			continue
+		}
+		c.add(mountUnaccounted(m, dev, owned, csidDevices[dev]))
+	}
+	c.out.Checked.Mounts = csidMounts
+
+	for _, p := range sortedKeys(recorded) {
+		if _, ok := mounted[p]; ok {
+			continue
+		}
+		c.add(mountMissing(recorded[p], p))
+	}
+}
+
+// ownedPath reports whether a mount is in a directory kubelet made for
+// csid's driver: under plugins/kubernetes.io/csi/<driver>/, or beside a
+// vol_data.json that names the driver.
+func (c *comparison) ownedPath(m Mount) bool {
+	if c.in.DriverName == "" {
+		return false
+	}
+	if m.Driver == c.in.DriverName {
+		return true
+	}
+	if c.in.KubeletRoot == "" {
+		return false
+	}
+	dir := filepath.Join(c.in.KubeletRoot, "plugins", "kubernetes.io", "csi", c.in.DriverName) + "/"
+	return strings.HasPrefix(m.Path, dir)
+}
+
+// mountDevice is the block device a mount is of: its source, or for a
+// bind mount of a device node (a raw block volume) the node it binds.
+func mountDevice(m mounter.MountPoint) string {
+	if m.Type == "devtmpfs" && strings.HasPrefix(m.Root, "/loop") {
+		return "/dev" + m.Root
+	}
+	return m.Device
+}
+
+// pendingPaths are the staging and target paths an op's arguments name.
+func pendingPaths(op *view.Op) []string {
+	if op == nil || len(op.Args) == 0 {
+		return nil
+	}
+	var a struct {
+		StagingPath string `json:"stagingPath"`
+		TargetPath  string `json:"targetPath"`
+		VolumePath  string `json:"volumePath"`
+	}
+	if err := jsonUnmarshal(op.Args, &a); err != nil {
+		return nil
+	}
+	var out []string
+	for _, p := range []string{a.StagingPath, a.TargetPath, a.VolumePath} {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// Changed returns the volumes whose records differ between two readings of
+// the same stores (state, generation, op in flight, presence): their
+// disks, devices and mounts may have been read between two states.
+func Changed(before, after []Store) map[string]bool {
+	type mark struct {
+		state fsm.State
+		gen   uint64
+		op    uint64
+	}
+	read := func(stores []Store) map[string]mark {
+		out := map[string]mark{}
+		for _, s := range stores {
+			for _, v := range s.Volumes {
+				m := mark{state: v.State, gen: v.Generation}
+				if v.PendingOp != nil {
+					m.op = v.PendingOp.Seq
+				}
+				out[s.Name+"\x00"+v.ID] = m
+			}
+		}
+		return out
+	}
+	b, a := read(before), read(after)
+	out := map[string]bool{}
+	for k, m := range b {
+		if a[k] != m {
+			out[k[strings.IndexByte(k, 0)+1:]] = true
+		}
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			out[k[strings.IndexByte(k, 0)+1:]] = true
+		}
+	}
+	return out
+}

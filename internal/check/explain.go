@@ -1,0 +1,115 @@
+package check
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/view"
+)
+
+func jsonUnmarshal(raw []byte, v any) error { return json.Unmarshal(raw, v) }
+
+// pvLookup is how an operator finds the PV of a volume id.
+func pvLookup(volumeID string) string {
+	return fmt.Sprintf(`kubectl get pv -o jsonpath='{range .items[?(@.spec.csi.volumeHandle=="%s")]}{.metadata.name}{"\n"}{end}'`, volumeID)
+}
+
+func diskWithoutVolume(d cloud.Disk, owner string) Finding {
+	f := Finding{Kind: DiskWithoutVolume, Disk: d.ID, Volume: owner, Node: d.AttachedTo,
+		Problem: fmt.Sprintf("the cloud has %s, and no csid record names it", diskWords(d))}
+	if owner == "" {
+		f.Cause = "it has no csid.dev/volume-id tag, so csid did not create it: a disk made by hand or by another tool in the same account or state directory"
+		f.Action = "if nothing of yours uses it, delete it with the cloud's own tools (for the local backend: with csid stopped, remove disks/" + d.ID + ".json, then disks/" + d.ID + ".img, in the state directory); csid never deletes a disk it has no record of"
+		return f
+	}
+	f.Cause = fmt.Sprintf("csid created it for volume %s, which has no record: a CreateVolume that crashed after the disk was made and was never retried (the claim was deleted meanwhile), a failed create whose clean-up failed too, or a state file that was lost or restored from an older copy", owner)
+	f.Action = fmt.Sprintf("find out whether a PV names the volume: %s. If one does, its record was lost: keep the disk, and restore the state file from a backup. If none does, it is a leak: delete the disk with the cloud's own tools (for the local backend: with csid stopped, remove disks/%s.json, then disks/%s.img, in the state directory)", pvLookup(owner), d.ID, d.ID)
+	if d.AttachedTo != "" {
+		f.Action += "; detach it from " + d.AttachedTo + " first"
+	}
+	return f
+}
+
+func volumeWithoutDisk(v view.Volume) Finding {
+	return Finding{Kind: VolumeWithoutDisk, Volume: v.ID, Disk: v.DiskID, Node: v.Node,
+		Problem: fmt.Sprintf("volume %s (%s) records disk %s, and the cloud has no such disk", v.ID, v.State, v.DiskID),
+		Cause:   "the disk was deleted outside csid (the cloud's console or another tool; for the local backend, its files removed by hand), or csid check reads another cloud or state directory than the driver uses",
+		Action: fmt.Sprintf("first make sure csid check reads the driver's state directory (--state-dir). If the disk is really gone, so is its data: pods using the volume cannot start. "+
+			"Delete the claim and its PV (%s): DeleteVolume of a missing disk succeeds and removes the record; a published volume must be unpublished first (delete its pods)", pvLookup(v.ID)),
+	}
+}
+
+func attachmentUnknown(v view.Volume, d cloud.Disk, recNode string) Finding {
+	says := fmt.Sprintf("not attached (%s)", v.State)
+	if recNode != "" {
+		says = fmt.Sprintf("attached to %s (%s)", recNode, v.State)
+	}
+	return Finding{Kind: AttachmentUnknown, Volume: v.ID, Disk: d.ID, Node: d.AttachedTo,
+		Problem: fmt.Sprintf("the cloud has disk %s of volume %s attached to %s, and csid's record says %s", d.ID, v.ID, d.AttachedTo, says),
+		Cause:   "an attach made outside csid (the cloud's console or another tool), a ControllerPublishVolume whose attach went through but whose op failed and whose clean-up failed too, or a state file restored from an older copy",
+		Action: fmt.Sprintf("if Kubernetes wants the volume on %s (kubectl get volumeattachments | grep %s), nothing to do: the attacher's next ControllerPublishVolume records the attachment (attaching an attached disk is a no-op). "+
+			"If not, detach it with the cloud's own tools; while it is attached csid cannot grow it, delete it, or attach it elsewhere", d.AttachedTo, v.ID),
+	}
+}
+
+func attachmentMissing(v view.Volume, d cloud.Disk) Finding {
+	return Finding{Kind: AttachmentMissing, Volume: v.ID, Disk: d.ID, Node: v.Node,
+		Problem: fmt.Sprintf("csid's record says volume %s is attached to %s (%s), and the cloud has disk %s detached", v.ID, v.Node, v.State, d.ID),
+		Cause:   "a detach made outside csid (the cloud's console or another tool), or the node was deleted or replaced (clouds detach the disks of a deleted instance)",
+		Action: fmt.Sprintf("pods on %s cannot use the volume. Delete them (kubectl get pods -A -o wide | grep %s): kubelet then unpublishes and unstages, the attacher's ControllerUnpublishVolume brings the record back to CREATED "+
+			"(detaching a detached disk succeeds), and the next pod's ControllerPublishVolume attaches it again", v.Node, v.Node),
+	}
+}
+
+func loopDeviceUnaccounted(diskID, dev string, recs []view.Volume, d cloud.Disk, inCloud, cloudRead bool) Finding {
+	f := Finding{Kind: LoopDeviceUnaccounted, Disk: diskID, Device: dev,
+		Problem: fmt.Sprintf("%s is bound to the image of disk %s, and no volume record has that disk attached to a node of this machine", dev, diskID)}
+	var states []string
+	for _, v := range recs {
+		f.Volume = v.ID
+		states = append(states, fmt.Sprintf("volume %s is %s", v.ID, v.State))
+	}
+	switch {
+	case cloudRead && !inCloud:
+		f.Cause = "the disk no longer exists (deleted outside csid while the device stayed bound, or a crash between the release and the delete): the device keeps the deleted image's space in use"
+	case inCloud && d.AttachedTo != "":
+		f.Node = d.AttachedTo
+		f.Cause = fmt.Sprintf("the cloud has the disk attached to %s, and no record does: see the attachment finding for the disk", d.AttachedTo)
+	case len(recs) > 0:
+		f.Cause = strings.Join(states, "; ") + ": a detach that did not release the device (a crash between the cloud's detach and the release), or a device bound by hand (losetup)"
+	default:
+		f.Cause = "no record names the disk: a device bound by hand (losetup), or left by a volume whose record is gone"
+	}
+	f.Action = fmt.Sprintf("check that nothing has it mounted or open (findmnt %s; fuser -vm %s). If nothing does, release it: losetup -d %s. If something does, find out what before touching it", dev, dev, dev)
+	return f
+}
+
+func mountUnaccounted(m Mount, dev string, owned bool, diskID string) Finding {
+	f := Finding{Kind: MountUnaccounted, Path: m.Path, Device: dev, Disk: diskID}
+	why := "of csid's device " + dev
+	if diskID != "" {
+		why += " (disk " + diskID + ")"
+	}
+	if owned {
+		why = "in a directory kubelet made for csid's volumes"
+	}
+	f.Problem = fmt.Sprintf("%s is mounted (%s from %s), %s, and no volume record has it as a staging or target path", m.Path, m.Type, m.Device, why)
+	f.Cause = "a NodeStageVolume or NodePublishVolume whose mount went through but whose op failed and whose clean-up failed too, an unstage or unpublish answered from a record that was lost or cleared (so nothing was unmounted), or a mount made by hand"
+	f.Action = fmt.Sprintf("make sure no running pod uses it (a target path names its pod's UID: kubelet's pods/<uid>/...; kubectl get pods -A -o jsonpath='{range .items[*]}{.metadata.uid} {.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}'). If none does, unmount it: umount %s", m.Path)
+	return f
+}
+
+func mountMissing(v view.Volume, path string) Finding {
+	what := "target"
+	if path == v.StagingPath {
+		what = "staging"
+	}
+	return Finding{Kind: MountMissing, Volume: v.ID, Disk: v.DiskID, Node: v.Node, Path: path,
+		Problem: fmt.Sprintf("volume %s is %s on %s with %s path %s, and nothing is mounted there", v.ID, v.State, v.Node, what, path),
+		Cause:   "an unmount outside csid (by hand, or a reboot of the node: mounts do not survive it while csid's records do), or kubelet cleaned the pod's directory up",
+		Action: fmt.Sprintf("pods using the volume see an empty directory, not the volume. Delete them (kubectl get pods -A -o wide | grep %s): kubelet then unpublishes and unstages, which clears csid's record (unmounting what is not mounted succeeds), "+
+			"and the new pods' NodeStageVolume and NodePublishVolume mount it again. Restarting csid does not help: it answers a repeated stage or publish from its record", v.Node),
+	}
+}

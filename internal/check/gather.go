@@ -1,0 +1,127 @@
+package check
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/view"
+)
+
+// RecordSource is one csid's records: a live csid's admin socket or a state
+// file (any view.Source), and its mode.
+type RecordSource struct {
+	Name   string
+	Mode   string
+	Source view.Source
+}
+
+// Cloud is what Gather reads of the cloud and the machine's loop devices;
+// *local.Inspector is one.
+type Cloud interface {
+	Disks(ctx context.Context) ([]cloud.Disk, error)
+	Devices(ctx context.Context) (map[string]string, error)
+}
+
+// MountLister reads the host's mount table; mounter.New() is one.
+type MountLister interface {
+	List(ctx context.Context) ([]mounter.MountPoint, error)
+}
+
+// Sources say where Gather reads. A nil Cloud or Mounts is not read, and
+// Compare's notes say why (CloudNotRead, MountsNotRead).
+type Sources struct {
+	Records                     []RecordSource
+	Cloud                       Cloud
+	Mounts                      MountLister
+	CloudNotRead, MountsNotRead string
+	HostNodes                   []string
+	DriverName                  string
+	KubeletRoot                 string
+}
+
+// Gather reads the inputs of Compare. The records are read twice, before
+// and after the cloud and the host, and the volumes whose records changed
+// in between are marked Changing: what was read of them may straddle a
+// transition.
+func Gather(ctx context.Context, s Sources) (Input, error) {
+	in := Input{HostNodes: s.HostNodes, DriverName: s.DriverName, KubeletRoot: s.KubeletRoot,
+		CloudNotRead: s.CloudNotRead, MountsNotRead: s.MountsNotRead}
+	before, err := readRecords(ctx, s.Records)
+	if err != nil {
+		return Input{}, err
+	}
+	if s.Cloud != nil {
+		if in.Disks, err = s.Cloud.Disks(ctx); err != nil {
+			return Input{}, fmt.Errorf("read the cloud's disks: %w", err)
+		}
+		if in.Devices, err = s.Cloud.Devices(ctx); err != nil {
+			return Input{}, fmt.Errorf("read the loop devices: %w", err)
+		}
+		in.DisksRead, in.DevicesRead = true, true
+	}
+	if s.Mounts != nil {
+		mps, err := s.Mounts.List(ctx)
+		if err != nil {
+			return Input{}, fmt.Errorf("read the mount table: %w", err)
+		}
+		in.Mounts, in.MountsRead = withVolData(mps, s.KubeletRoot), true
+	}
+	if in.Stores, err = readRecords(ctx, s.Records); err != nil {
+		return Input{}, err
+	}
+	in.Changing = Changed(before, in.Stores)
+	return in, nil
+}
+
+func readRecords(ctx context.Context, srcs []RecordSource) ([]Store, error) {
+	out := make([]Store, 0, len(srcs))
+	for _, src := range srcs {
+		l, err := src.Source.Volumes(ctx, view.VolumeFilter{})
+		if err != nil {
+			return nil, fmt.Errorf("read the records of %s: %w", src.Name, err)
+		}
+		out = append(out, Store{Name: src.Name, Mode: src.Mode, Volumes: l.Volumes})
+	}
+	return out, nil
+}
+
+// withVolData annotates the mounts under kubelet's root with the driver
+// named by the vol_data.json kubelet keeps beside a CSI volume's mount
+// point (pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json beside
+// .../mount, and the staging directory's beside .../globalmount).
+func withVolData(mps []mounter.MountPoint, kubeletRoot string) []Mount {
+	out := make([]Mount, len(mps))
+	for i, mp := range mps {
+		out[i].MountPoint = mp
+		if kubeletRoot == "" || !strings.HasPrefix(mp.Path, filepath.Clean(kubeletRoot)+"/") {
+			continue
+		}
+		if base := filepath.Base(mp.Path); base != "mount" && base != "globalmount" {
+			continue
+		}
+		out[i].Driver = volDataDriver(filepath.Join(filepath.Dir(mp.Path), "vol_data.json"))
+	}
+	return out
+}
+
+// volDataDriver reads the driver name of a kubelet vol_data.json; "" when
+// there is none or it cannot be read.
+func volDataDriver(path string) string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var d struct {
+		DriverName string `json:"driverName"`
+	}
+	if json.Unmarshal(raw, &d) != nil {
+		return ""
+	}
+	return d.DriverName
+}

@@ -1,0 +1,94 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/csid-dev/csid/internal/cloud"
+)
+
+// ErrNoState: a directory holds no state of the local backend.
+var ErrNoState = errors.New("not a state directory of the local backend")
+
+// Inspector reads a state directory of the local backend without changing
+// anything, for `csid check`: unlike Open, it creates nothing, takes no
+// lock and leaves what a crash left behind where it is. It is safe beside
+// running csid processes on the same directory (records are replaced
+// atomically, so each is read whole).
+type Inspector struct {
+	c *Cloud
+}
+
+// OpenInspector opens the existing state directory dir for reading. A
+// directory without the local backend's format marker is ErrNoState; one
+// of another layout version is an error.
+func OpenInspector(dir string) (*Inspector, error) {
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("local cloud %s: %w", dir, err)
+	}
+	raw, err := os.ReadFile(filepath.Join(abs, formatFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: no %s file: %w", abs, formatFile, ErrNoState)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("local cloud %s: %w", abs, err)
+	}
+	if string(raw) != formatMagic {
+		return nil, fmt.Errorf("%s: %q is not a state directory layout this csid understands (%q)",
+			filepath.Join(abs, formatFile), strings.TrimSpace(string(raw)), strings.TrimSpace(formatMagic))
+	}
+	s := &state{dir: abs, disks: filepath.Join(abs, disksDir), ops: filepath.Join(abs, opsDir), sem: make(chan struct{}, 1)}
+	return &Inspector{c: &Cloud{s: s, opts: Options{Zone: DefaultZone}}}, nil
+}
+
+// Dir is the state directory (absolute, symlinks resolved).
+func (i *Inspector) Dir() string { return i.c.s.dir }
+
+// Disks returns every disk, in id order, as ListDisks reports them.
+func (i *Inspector) Disks(ctx context.Context) ([]cloud.Disk, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	disks, err := i.c.s.allDisks()
+	if err != nil {
+		return nil, fmt.Errorf("local cloud %s: %w", i.c.s.dir, err)
+	}
+	return disks, nil
+}
+
+// Devices lists the loop devices on this machine bound to images of this
+// state directory, keyed by disk id, as Host.Devices does (of every node:
+// devices are the machine's).
+func (i *Inspector) Devices(ctx context.Context) (map[string]string, error) {
+	return (&Host{c: i.c}).Devices(ctx)
+}
+
+// ImagePath is where the image of a disk id of this directory is, or ""
+// for an id that is not one of this backend's (tests bind images by hand).
+func (i *Inspector) ImagePath(diskID string) string {
+	id, ok := parseDiskID(diskID)
+	if !ok {
+		return ""
+	}
+	return i.c.s.imagePath(id)
+}
+
+// Nodes returns the ids of the nodes registered in this directory, sorted:
+// they all run on this machine, as the backend's disks are files here.
+func (i *Inspector) Nodes() ([]string, error) {
+	nodes, err := i.c.s.readNodes()
+	if err != nil {
+		return nil, fmt.Errorf("local cloud %s: %w", i.c.s.dir, err)
+	}
+	return slices.Sorted(maps.Keys(nodes)), nil
+}
