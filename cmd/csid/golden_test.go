@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +123,42 @@ func TestInspectJSONFields(t *testing.T) {
 	strict(inspectAt(t, viewtest.T0, "ops", "--limit", "3", "-o", "json", "--db", db), &ops)
 	if len(ops.Ops) != 3 || ops.Ops[0].Seq != 11 {
 		t.Errorf("ops --limit 3: %+v", ops.Ops)
+	}
+}
+
+// TestCompletion: the shell completion suggests lifecycle states, output
+// formats, and the volume ids and nodes of the source the flags name.
+func TestCompletion(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "csid.db")
+	if err := viewtest.Build(db); err != nil {
+		t.Fatal(err)
+	}
+	complete := func(args ...string) []string {
+		t.Helper()
+		code, stdout, stderr := cli(t, append([]string{"__complete"}, args...)...)
+		if code != 0 {
+			t.Fatalf("__complete %q: exit %d: %s", args, code, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		return lines[:len(lines)-1] // the last line is cobra's directive
+	}
+	has := func(got []string, want ...string) {
+		t.Helper()
+		for _, w := range want {
+			if !slices.ContainsFunc(got, func(g string) bool { return g == w || strings.HasPrefix(g, w+"\t") }) {
+				t.Errorf("completions %q lack %q", got, w)
+			}
+		}
+	}
+	has(complete("inspect", "volumes", "--state", ""), "ABSENT", "CREATED", "NODE_READY", "VOL_READY", "PUBLISHED")
+	has(complete("inspect", "ops", "-o", ""), "table", "json", "yaml")
+	has(complete("inspect", "volume", "--db", db, ""), viewtest.Created, viewtest.Published, viewtest.Failed)
+	has(complete("inspect", "volumes", "--db", db, "--node", ""), "node-1")
+	has(complete("inspect", ""), "volumes", "volume", "ops", "resizes")
+	has(complete(""), "inspect", "check", "serve", "completion")
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		if code, stdout, _ := cli(t, "completion", shell); code != 0 || !strings.Contains(stdout, "csid") {
+			t.Errorf("csid completion %s: exit %d", shell, code)
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -381,15 +380,4 @@ func (p printer) resizes(w io.Writer, l view.ResizeList) error {
 			size(r.CurrentBytes), size(r.TargetBytes), r.Status, r.Attempts, stamp(r.QueuedAt), p.age(r.QueuedAt), wait)
 	}
 	return tw.Flush()
-}
-
-// indent prefixes every line of s.
-func indent(s, prefix string) string {
-	var b bytes.Buffer
-	for _, line := range strings.SplitAfter(s, "\n") {
-		if line != "" {
-			b.WriteString(prefix + line)
-		}
-	}
-	return b.String()
 }
