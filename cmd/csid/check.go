@@ -151,7 +151,8 @@ func newCheck() *cobra.Command {
 				nodes = []string{h}
 			}
 			slices.Sort(nodes)
-			s.HostNodes, doc.HostNodes = slices.Compact(nodes), slices.Compact(nodes)
+			nodes = slices.Compact(nodes)
+			s.HostNodes, doc.HostNodes = nodes, nodes
 			if kubeletRoot != "" {
 				if _, err := os.Stat(kubeletRoot); err != nil {
 					s.MountsNotRead = fmt.Sprintf("kubelet's root %s is not here (%v): mounts are not compared; run csid check in the node plugin's pod, or give --kubelet-root (\"\" when there is no kubelet)", kubeletRoot, errors.Unwrap(err))
@@ -196,7 +197,7 @@ func newCheck() *cobra.Command {
 // printCheck draws csid check's report for people.
 func printCheck(w io.Writer, d checkDoc) error {
 	c := d.Checked
-	fmt.Fprintf(w, "Compared %d volumes, %d disks, %d loop devices and %d mounts of csid.\n", c.Volumes, c.Disks, c.Devices, c.Mounts)
+	fmt.Fprintf(w, "Compared %s, %s, %s and %s of csid.\n", count(c.Volumes, "volume"), count(c.Disks, "disk"), count(c.Devices, "loop device"), count(c.Mounts, "mount"))
 	for _, r := range d.Records {
 		fmt.Fprintf(w, "  records: %s\n", r.Name)
 	}
@@ -214,8 +215,7 @@ func printCheck(w io.Writer, d checkDoc) error {
 	case d.Clean():
 		fmt.Fprintln(w, "\nNo problems: records, cloud and host agree.")
 	default:
-		n := len(d.Findings)
-		fmt.Fprintf(w, "\n%d problem%s:\n", n, map[bool]string{true: "", false: "s"}[n == 1])
+		fmt.Fprintf(w, "\n%s:\n", count(len(d.Findings), "problem"))
 		for i, f := range d.Findings {
 			fmt.Fprintf(w, "\n[%d] %s\n", i+1, f.Kind)
 			fmt.Fprint(w, wrap("problem: ", f.Problem))
@@ -230,6 +230,14 @@ func printCheck(w io.Writer, d checkDoc) error {
 		fmt.Fprint(w, wrap("note: ", n))
 	}
 	return nil
+}
+
+// count is "1 disk", "2 disks".
+func count(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // wrap writes text after label, wrapped at 100 columns and indented under

@@ -130,6 +130,9 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 		if code != 0 || !doc.Clean() || len(doc.Notes) != 0 {
 			t.Fatalf("%s: exit %d, findings %+v, notes %q", when, code, doc.Findings, doc.Notes)
 		}
+		if !slices.Equal(doc.HostNodes, []string{"node-1"}) || len(doc.Records) != 1 || doc.Records[0].Mode != "all" {
+			t.Fatalf("%s: read %+v for nodes %q", when, doc.Records, doc.HostNodes)
+		}
 		if doc.Checked.Mounts < 2 || doc.Checked.Devices != 1 {
 			t.Fatalf("%s: checked %+v, want the published volume's device and its two mounts", when, doc.Checked)
 		}
@@ -144,7 +147,8 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 		if !strings.Contains(f.Problem, about) || f.Cause == "" || f.Action == "" {
 			t.Errorf("%s: the finding does not name %s, or lacks a cause or an action: %+v", what, about, f)
 		}
-		t.Logf("%s:\n%s", what, wrap("problem: ", f.Problem)+wrap("cause:   ", f.Cause)+wrap("action:  ", f.Action))
+		_, table, _ := cli(t, append([]string{"check"}, args...)...)
+		t.Logf("%s: csid check says\n%s", what, table)
 		return f
 	}
 	expectClean("a clean system")

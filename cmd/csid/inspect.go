@@ -122,7 +122,7 @@ queued, a volume adopted, a resize dropped).`,
 			return with(cmd, "inspect volume "+args[0], func(ctx context.Context, src *source, p printer) error {
 				v, err := src.Volume(ctx, args[0])
 				if errors.Is(err, view.ErrNotFound) {
-					return fmt.Errorf("no volume %s in %s (csid inspect volumes lists them; a deleted volume has no record): %w", args[0], src.what, err)
+					return fmt.Errorf("no volume %s in %s: csid inspect volumes lists them (a deleted volume has no record; its ops stay for a while: csid inspect ops --volume %s)", args[0], src.what, args[0])
 				}
 				if err != nil {
 					return err

@@ -129,7 +129,7 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, out any) er
 			e.Error = resp.Status
 		}
 		if resp.StatusCode == http.StatusNotFound {
-			return fmt.Errorf("%s: %w", e.Error, view.ErrNotFound)
+			return notFoundError(e.Error)
 		}
 		return fmt.Errorf("csid at %s: %s", c.socket, e.Error)
 	}
@@ -149,3 +149,11 @@ func (c *Client) dialError(err error) error {
 	}
 	return fmt.Errorf("admin socket %s: %w", c.socket, err)
 }
+
+// notFoundError is a 404's message; errors.Is(err, view.ErrNotFound) holds.
+type notFoundError string
+
+func (e notFoundError) Error() string { return string(e) }
+
+// Is makes errors.Is(err, view.ErrNotFound) true.
+func (e notFoundError) Is(target error) bool { return target == view.ErrNotFound }
