@@ -136,6 +136,11 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 		if doc.Checked.Mounts < 2 || doc.Checked.Devices != 1 {
 			t.Fatalf("%s: checked %+v, want the published volume's device and its two mounts", when, doc.Checked)
 		}
+		if code, table, _ := cli(t, append([]string{"check"}, args...)...); code != 0 {
+			t.Fatalf("%s: csid check exits %d:\n%s", when, code, table)
+		} else if when == "a clean system" {
+			t.Logf("%s: csid check says\n%s", when, table)
+		}
 	}
 	expect := func(what string, kind check.Kind, about string) check.Finding {
 		t.Helper()
