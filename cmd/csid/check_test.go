@@ -85,7 +85,8 @@ func releaseLeftovers(t *testing.T, dir string) {
 // condition, made for real behind csid's back, with exit 1: a disk with no
 // record, a record whose disk is gone, a loop device no volume accounts
 // for, a mount no volume accounts for, an attachment the records do not
-// know, and a published volume whose mount is gone.
+// know, and a published volume whose mount is gone (and a second loop
+// device of a disk in use).
 func TestCheckFindsEachConditionForReal(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
@@ -210,6 +211,24 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectClean("the loop device released")
+	// ... and a second device bound to the image of the published volume.
+	img, err = os.OpenFile(insp.ImagePath(diskOf(pub)), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err = loopdev.Attach(ctx, img, loopdev.Options{})
+	img.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect("a second loop device of a volume in use", check.LoopDeviceUnaccounted, "second loop device")
+	if id, err = loopdev.Backing(dev.Path); err == nil {
+		err = loopdev.Release(ctx, dev.Path, id)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectClean("the second device released")
 
 	// 4. A tmpfs mounted in csid's staging directory under the kubelet root.
 	stray := filepath.Join(kubelet, "plugins/kubernetes.io/csi", driver.DefaultName, "77aa01/globalmount")

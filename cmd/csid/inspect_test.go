@@ -243,6 +243,9 @@ func TestInspectLockedStateFile(t *testing.T) {
 	dir := shortTempDir(t)
 	child := startServe(t, dir, "--cloud", "fake", "--node-id", "node-1", "--log-level", "error")
 	db := app.StateFile(dir, driver.ModeAll)
+	if st, err := os.Stat(app.AdminSocketPath(dir, driver.ModeAll)); err != nil || st.Mode().Perm() != 0o600 || st.Mode().Type() != os.ModeSocket {
+		t.Errorf("the admin socket: %v, %v; want a socket of mode 0600", st.Mode(), err)
+	}
 
 	start := time.Now()
 	code, stdout, stderr := cli(t, "inspect", "volumes", "--db", db)

@@ -100,9 +100,10 @@ type Input struct {
 	DisksRead bool
 	Disks     []cloud.Disk
 	// DevicesRead says whether Devices holds the host's loop devices of
-	// the cloud's disks, by disk id.
+	// the cloud's disks: by disk id, each disk's in device-number order
+	// (csid uses the first; a second one is a leak).
 	DevicesRead bool
-	Devices     map[string]string
+	Devices     map[string][]string
 	// MountsRead says whether Mounts is the host's mount table.
 	MountsRead bool
 	Mounts     []Mount
@@ -193,7 +194,10 @@ func Compare(in Input) Report {
 			c.skip[id] = "changed while check ran"
 		}
 	}
-	c.out.Checked = Counts{Volumes: len(ids), Disks: len(in.Disks), Devices: len(in.Devices)}
+	c.out.Checked = Counts{Volumes: len(ids), Disks: len(in.Disks)}
+	for _, devs := range in.Devices {
+		c.out.Checked.Devices += len(devs)
+	}
 
 	if len(in.Stores) == 0 {
 		c.note("no csid records were read: nothing to compare")
@@ -314,7 +318,6 @@ func (c *comparison) devices() {
 		disks[d.ID] = d
 	}
 	for _, diskID := range sortedKeys(c.in.Devices) {
-		dev := c.in.Devices[diskID]
 		recs := c.all[diskID]
 		var ids []string
 		accounted := false
@@ -325,11 +328,20 @@ func (c *comparison) devices() {
 		if d, ok := disks[diskID]; ok && d.Tags[effects.TagVolumeID] != "" {
 			ids = append(ids, d.Tags[effects.TagVolumeID])
 		}
-		if accounted || c.skipped(ids...) {
+		if c.skipped(ids...) {
 			continue
 		}
 		d, inCloud := disks[diskID]
-		c.add(loopDeviceUnaccounted(diskID, dev, recs, d, inCloud && c.in.DisksRead, c.in.DisksRead))
+		devs := c.in.Devices[diskID]
+		for i, dev := range devs {
+			switch {
+			case accounted && i == 0:
+			case accounted:
+				c.add(loopDeviceDuplicate(diskID, dev, devs[0], recs))
+			default:
+				c.add(loopDeviceUnaccounted(diskID, dev, recs, d, inCloud && c.in.DisksRead, c.in.DisksRead))
+			}
+		}
 	}
 }
 
@@ -374,11 +386,13 @@ func (c *comparison) mounts() {
 	// filesystems elsewhere too (sub-paths), which is theirs to do.
 	stagedDevices := map[string]bool{}
 	csidDevices := map[string]string{} // device -> disk id
-	for diskID, dev := range c.in.Devices {
-		csidDevices[dev] = diskID
-		for _, v := range c.all[diskID] {
-			if staged(v.State) && c.onHost(v.Node) {
-				stagedDevices[dev] = true
+	for diskID, devs := range c.in.Devices {
+		for _, dev := range devs {
+			csidDevices[dev] = diskID
+			for _, v := range c.all[diskID] {
+				if staged(v.State) && c.onHost(v.Node) {
+					stagedDevices[dev] = true
+				}
 			}
 		}
 	}

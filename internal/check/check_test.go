@@ -38,7 +38,7 @@ func healthy() Input {
 		DisksRead:   true,
 		Disks:       []cloud.Disk{disk("disk-1", "vol-pub", "node-1"), disk("disk-2", "vol-new", "")},
 		DevicesRead: true,
-		Devices:     map[string]string{"disk-1": "/dev/loop3"},
+		Devices:     map[string][]string{"disk-1": {"/dev/loop3"}},
 		MountsRead:  true,
 		Mounts: []Mount{
 			{MountPoint: mounter.MountPoint{Device: "/dev/sda1", Path: "/", Type: "ext4"}},
@@ -93,10 +93,12 @@ func TestEachFinding(t *testing.T) {
 			[]Kind{AttachmentUnknown}, "attached to node-1 (PUBLISHED)"},
 		{"a detach the record does not know", func(in *Input) { in.Disks[0].AttachedTo = "" },
 			[]Kind{AttachmentMissing}, "detached"},
-		{"a loop device of a detached disk", func(in *Input) { in.Devices["disk-2"] = "/dev/loop7" },
+		{"a loop device of a detached disk", func(in *Input) { in.Devices["disk-2"] = []string{"/dev/loop7"} },
 			[]Kind{LoopDeviceUnaccounted}, "/dev/loop7"},
-		{"a loop device of a deleted disk", func(in *Input) { in.Devices["disk-8"] = "/dev/loop8" },
+		{"a loop device of a deleted disk", func(in *Input) { in.Devices["disk-8"] = []string{"/dev/loop8"} },
 			[]Kind{LoopDeviceUnaccounted}, "/dev/loop8"},
+		{"a second loop device of an attached disk", func(in *Input) { in.Devices["disk-1"] = append(in.Devices["disk-1"], "/dev/loop9") },
+			[]Kind{LoopDeviceUnaccounted}, "second loop device"},
 		{"a tmpfs in csid's staging directory", func(in *Input) {
 			in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "tmpfs", Type: "tmpfs", Path: root + "/plugins/kubernetes.io/csi/csid.csi.dev/zzz/globalmount"}})
 		}, []Kind{MountUnaccounted}, "zzz"},
@@ -104,13 +106,13 @@ func TestEachFinding(t *testing.T) {
 			in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "/dev/loop3", Type: "ext4", Path: root + "/pods/uid-5/volumes/kubernetes.io~csi/pv-1/mount"}, Driver: drvName})
 		}, []Kind{MountUnaccounted}, "uid-5"},
 		{"csid's device mounted by hand", func(in *Input) {
-			in.Devices["disk-2"] = "/dev/loop7"
+			in.Devices["disk-2"] = []string{"/dev/loop7"}
 			in.Stores[0].Volumes[1].State, in.Stores[0].Volumes[1].Node = fsm.NodeReady, "node-1"
 			in.Disks[1].AttachedTo = "node-1"
 			in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "/dev/loop7", Type: "ext4", Path: "/mnt"}})
 		}, []Kind{MountUnaccounted}, "/mnt"},
 		{"a raw block volume's device bound by hand", func(in *Input) {
-			in.Devices["disk-2"] = "/dev/loop7"
+			in.Devices["disk-2"] = []string{"/dev/loop7"}
 			in.Stores[0].Volumes[1].State, in.Stores[0].Volumes[1].Node = fsm.NodeReady, "node-1"
 			in.Disks[1].AttachedTo = "node-1"
 			in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "udev", Type: "devtmpfs", Root: "/loop7", Path: "/tmp/x"}})

@@ -86,6 +86,17 @@ func loopDeviceUnaccounted(diskID, dev string, recs []view.Volume, d cloud.Disk,
 	return f
 }
 
+func loopDeviceDuplicate(diskID, dev, first string, recs []view.Volume) Finding {
+	f := Finding{Kind: LoopDeviceUnaccounted, Disk: diskID, Device: dev,
+		Problem: fmt.Sprintf("%s is a second loop device bound to the image of disk %s, beside %s, which csid uses", dev, diskID, first)}
+	for _, v := range recs {
+		f.Volume, f.Node = v.ID, v.Node
+	}
+	f.Cause = "a device bound by hand (losetup), or a bug: csid binds one device per disk, under the backend's lock; writes through two devices of one image corrupt the filesystem"
+	f.Action = fmt.Sprintf("check that nothing has %s mounted or open (findmnt %s; fuser -vm %s), then release it: losetup -d %s; never release %s while the volume is in use", dev, dev, dev, dev, first)
+	return f
+}
+
 func mountUnaccounted(m Mount, dev string, owned bool, diskID string) Finding {
 	f := Finding{Kind: MountUnaccounted, Path: m.Path, Device: dev, Disk: diskID}
 	why := "of csid's device " + dev

@@ -25,7 +25,7 @@ type RecordSource struct {
 // *local.Inspector is one.
 type Cloud interface {
 	Disks(ctx context.Context) ([]cloud.Disk, error)
-	Devices(ctx context.Context) (map[string]string, error)
+	LoopDevices(ctx context.Context) (map[string][]string, error)
 }
 
 // MountLister reads the host's mount table; mounter.New() is one.
@@ -60,7 +60,7 @@ func Gather(ctx context.Context, s Sources) (Input, error) {
 		if in.Disks, err = s.Cloud.Disks(ctx); err != nil {
 			return Input{}, fmt.Errorf("read the cloud's disks: %w", err)
 		}
-		if in.Devices, err = s.Cloud.Devices(ctx); err != nil {
+		if in.Devices, err = s.Cloud.LoopDevices(ctx); err != nil {
 			return Input{}, fmt.Errorf("read the loop devices: %w", err)
 		}
 		in.DisksRead, in.DevicesRead = true, true

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/loopdev"
 )
 
 // ErrNoState: a directory holds no state of the local backend.
@@ -66,11 +67,38 @@ func (i *Inspector) Disks(ctx context.Context) ([]cloud.Disk, error) {
 	return disks, nil
 }
 
-// Devices lists the loop devices on this machine bound to images of this
-// state directory, keyed by disk id, as Host.Devices does (of every node:
-// devices are the machine's).
-func (i *Inspector) Devices(ctx context.Context) (map[string]string, error) {
-	return (&Host{c: i.c}).Devices(ctx)
+// LoopDevices lists the loop devices on this machine bound to images of
+// this state directory (of every node: devices are the machine's), by disk
+// id, each disk's in device-number order. Unlike Host.Devices it keeps
+// every device of a disk: a second one bound to the same image is a leak
+// that csid check must see.
+func (i *Inspector) LoopDevices(ctx context.Context) (map[string][]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	all, err := loopdev.List()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, dev := range all {
+		name, ok := strings.CutSuffix(filepath.Base(dev.BackingFile), imageSuffix)
+		if !ok {
+			continue
+		}
+		id, ok := parseDiskID(name)
+		if !ok {
+			continue
+		}
+		ours, err := i.c.backs(dev, id)
+		if err != nil {
+			return nil, err
+		}
+		if ours {
+			out[string(id)] = append(out[string(id)], dev.Path)
+		}
+	}
+	return out, nil
 }
 
 // ImagePath is where the image of a disk id of this directory is, or ""
