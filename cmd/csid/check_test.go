@@ -18,8 +18,8 @@ import (
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/hostscrub"
 	"github.com/csid-dev/csid/internal/loopdev"
-	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -44,41 +44,6 @@ func findingKinds(d checkDoc) []check.Kind {
 	return out
 }
 
-// releaseLeftovers unmounts whatever is mounted under dir and releases the
-// loop devices bound to files under it, so that a failing test leaves
-// nothing on the machine.
-func releaseLeftovers(t *testing.T, dir string) {
-	t.Helper()
-	ctx := context.Background()
-	mps, err := mounter.New().List(ctx)
-	if err != nil {
-		t.Error(err)
-	}
-	for i := len(mps) - 1; i >= 0; i-- {
-		if strings.HasPrefix(mps[i].Path, dir+"/") {
-			if err := unix.Unmount(mps[i].Path, unix.MNT_DETACH); err != nil {
-				t.Errorf("unmount %s: %v", mps[i].Path, err)
-			}
-		}
-	}
-	devs, err := loopdev.List()
-	if err != nil {
-		t.Error(err)
-	}
-	for _, d := range devs {
-		if !strings.HasPrefix(d.BackingFile, dir+"/") {
-			continue
-		}
-		id, err := loopdev.Backing(d.Path)
-		if err == nil {
-			err = loopdev.Release(ctx, d.Path, id)
-		}
-		if err != nil {
-			t.Errorf("release %s: %v", d.Path, err)
-		}
-	}
-}
-
 // TestCheckFindsEachConditionForReal is acceptance 3: on a real csid (the
 // local backend: sparse files, loop devices, ext4, real mounts) csid check
 // reports nothing on a clean system and exits 0, and reports each
@@ -93,7 +58,7 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 	dir := shortTempDir(t)
 	kubelet := filepath.Join(dir, "kubelet")
 	startLive(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1"})
-	t.Cleanup(func() { releaseLeftovers(t, dir) }) // runs before csid stops
+	t.Cleanup(func() { hostscrub.Scrub(context.Background(), dir) }) // runs before csid stops: leave the machine clean
 	c := dialCSI(t, dir)
 	vc := mountCap()
 	create := func(name string) string {

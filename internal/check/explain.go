@@ -25,7 +25,7 @@ func diskWithoutVolume(d cloud.Disk, owner string) Finding {
 		return f
 	}
 	f.Cause = fmt.Sprintf("csid created it for volume %s, which has no record: a CreateVolume that crashed after the disk was made and was never retried (the claim was deleted meanwhile), a failed create whose clean-up failed too, or a state file that was lost or restored from an older copy", owner)
-	f.Action = fmt.Sprintf("find out whether a PV names the volume: %s. If one does, its record was lost: keep the disk, and restore the state file from a backup. If none does, it is a leak: delete the disk with the cloud's own tools (for the local backend: with csid stopped, remove disks/%s.json, then disks/%s.img, in the state directory)", pvLookup(owner), d.ID, d.ID)
+	f.Action = fmt.Sprintf("find out whether a PV names the volume: %s. If one does, its record was lost: keep the disk; restore the controller's state file from a backup (a controller that starts on an empty state file rebuilds every record from the cloud; one that has records does not). If none does, it is a leak: delete the disk with the cloud's own tools (for the local backend: with csid stopped, remove disks/%s.json, then disks/%s.img, in the state directory)", pvLookup(owner), d.ID, d.ID)
 	if d.AttachedTo != "" {
 		f.Action += "; detach it from " + d.AttachedTo + " first"
 	}
@@ -119,8 +119,8 @@ func mountMissing(v view.Volume, path string) Finding {
 	}
 	return Finding{Kind: MountMissing, Volume: v.ID, Disk: v.DiskID, Node: v.Node, Path: path,
 		Problem: fmt.Sprintf("volume %s is %s on %s with %s path %s, and nothing is mounted there", v.ID, v.State, v.Node, what, path),
-		Cause:   "an unmount outside csid (by hand, or a reboot of the node: mounts do not survive it while csid's records do), or kubelet cleaned the pod's directory up",
-		Action: fmt.Sprintf("pods using the volume see an empty directory, not the volume. Delete them (kubectl get pods -A -o wide | grep %s): kubelet then unpublishes and unstages, which clears csid's record (unmounting what is not mounted succeeds), "+
-			"and the new pods' NodeStageVolume and NodePublishVolume mount it again. Restarting csid does not help: it answers a repeated stage or publish from its record", v.Node),
+		Cause:   "an unmount outside csid since it started (by hand, or by another tool); a reboot is repaired by csid itself when it starts, before it answers ready",
+		Action: fmt.Sprintf("pods using the volume see an empty directory, not the volume, and csid answers a repeated stage or publish from its record. Restart csid on %s (delete its node plugin pod): at start-up it rolls back the records whose mounts are gone "+
+			"(the history says \"reconciled: no longer mounted\"), and kubelet's next NodeStageVolume and NodePublishVolume mount the volume again. Deleting the pods that use it works too: their unpublish and unstage clear the record", v.Node),
 	}
 }
