@@ -91,6 +91,9 @@ type found struct {
 // directory (all, controller, node, in that order) and, when none answers,
 // an error saying what was tried and what to do.
 func discover(ctx context.Context, stateDir, command string) ([]found, error) {
+	if abs, err := filepath.Abs(stateDir); err == nil {
+		stateDir = abs
+	}
 	var live []found
 	var tried []string
 	for _, m := range modes {
