@@ -37,7 +37,7 @@ named in a note.
 Run it where the node's mounts are: in the node plugin's pod.`
 
 const checkExample = `  # the all-in-one csid in ./csid-data
-  sudo csid check --kubelet-root ""
+  sudo csid check
 
   # in Kubernetes, in the node plugin's pod of a node
   kubectl exec -n csid <csid-node pod> -c csid -- csid check --state-dir /var/lib/csid
@@ -153,14 +153,13 @@ func newCheck() *cobra.Command {
 			slices.Sort(nodes)
 			nodes = slices.Compact(nodes)
 			s.HostNodes, doc.HostNodes = nodes, nodes
+			s.Mounts = mounter.New()
 			if kubeletRoot != "" {
 				if _, err := os.Stat(kubeletRoot); err != nil {
-					s.MountsNotRead = fmt.Sprintf("kubelet's root %s is not here (%v): mounts are not compared; run csid check in the node plugin's pod, or give --kubelet-root (\"\" when there is no kubelet)", kubeletRoot, errors.Unwrap(err))
-				} else {
-					s.Mounts = mounter.New()
+					s.Notes = append(s.Notes, fmt.Sprintf("kubelet's root %s is not here (%v): its directories were not searched for stray mounts; "+
+						"csid's recorded paths and the mounts of its devices were compared (in Kubernetes, run csid check in the node plugin's pod)", kubeletRoot, errors.Unwrap(err)))
+					s.KubeletRoot, doc.KubeletRoot = "", ""
 				}
-			} else {
-				s.Mounts = mounter.New()
 			}
 
 			in, err := check.Gather(ctx, s)

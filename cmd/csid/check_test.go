@@ -21,6 +21,7 @@ import (
 	"github.com/csid-dev/csid/internal/hostscrub"
 	"github.com/csid-dev/csid/internal/loopdev"
 	"github.com/csid-dev/csid/internal/testutil"
+	"github.com/csid-dev/csid/internal/view/viewtest"
 	"golang.org/x/sys/unix"
 )
 
@@ -236,5 +237,29 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 	code, doc = checkRun(t, args...)
 	if code != 0 || !doc.Clean() || doc.Checked != (check.Counts{}) {
 		t.Fatalf("after deleting everything: exit %d, checked %+v, findings %+v", code, doc.Checked, doc.Findings)
+	}
+}
+
+// TestCheckStateFileElsewhere: csid check of a state file read where its
+// node's directories are not (no local backend, no kubelet) compares what
+// it can, says what it could not, and finds nothing (exit 0).
+func TestCheckStateFileElsewhere(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "csid.db")
+	if err := viewtest.Build(db); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	code, doc := checkRun(t, "--db", db, "--state-dir", dir, "--kubelet-root", filepath.Join(dir, "no-kubelet"), "--node-id", "node-1")
+	if code != 0 || !doc.Clean() {
+		t.Fatalf("exit %d, findings %+v", code, doc.Findings)
+	}
+	notes := strings.Join(doc.Notes, "\n")
+	for _, want := range []string{"no local backend in " + dir, "kubelet's root", viewtest.TargetA, viewtest.Retrying + " (op #10 controller_publish in flight)"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("the notes do not say %q:\n%s", want, notes)
+		}
+	}
+	if doc.Checked.Volumes != 5 || doc.Records[0].Mode != "all" {
+		t.Errorf("checked %+v from %+v", doc.Checked, doc.Records)
 	}
 }

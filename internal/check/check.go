@@ -115,8 +115,16 @@ type Input struct {
 	HostNodes []string
 	// DriverName is csid's CSI driver name (kubelet's directories name it).
 	DriverName string
-	// KubeletRoot is kubelet's root directory ("" for none).
+	// KubeletRoot is kubelet's root directory ("" for none, or not on
+	// this host): mounts in its directories for csid's driver are csid's.
 	KubeletRoot string
+	// Unseen are recorded staging and target paths whose directory does
+	// not exist on this host (another mount namespace: a pod that does not
+	// see the node's kubelet directory): nothing can be said of their
+	// mounts, so they are named in a note, not reported missing.
+	Unseen map[string]bool
+	// Notes are the gatherer's, reported first.
+	Notes []string
 	// Changing names volumes whose records changed while the inputs were
 	// gathered (see Changed).
 	Changing map[string]bool
@@ -164,6 +172,7 @@ type comparison struct {
 func Compare(in Input) Report {
 	c := &comparison{in: in, host: map[string]bool{}, ctrl: map[string]view.Volume{}, all: map[string][]view.Volume{}, skip: map[string]string{}}
 	c.out.Findings = []Finding{}
+	c.out.Notes = append(c.out.Notes, in.Notes...)
 	for _, n := range in.HostNodes {
 		c.host[n] = true
 	}
@@ -419,11 +428,19 @@ func (c *comparison) mounts() {
 	}
 	c.out.Checked.Mounts = csidMounts
 
+	var unseen []string
 	for _, p := range sortedKeys(recorded) {
 		if _, ok := mounted[p]; ok {
 			continue
 		}
+		if c.in.Unseen[p] {
+			unseen = append(unseen, p)
+			continue
+		}
 		c.add(mountMissing(recorded[p], p))
+	}
+	if len(unseen) > 0 {
+		c.note(fmt.Sprintf("recorded paths whose directory is not on this host were not compared (run csid check where the node's mounts are: in the node plugin's pod): %s", strings.Join(unseen, ", ")))
 	}
 }
 

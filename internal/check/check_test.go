@@ -161,6 +161,18 @@ func TestInFlightIsLeftOut(t *testing.T) {
 	}
 }
 
+// TestUnseenPaths: a recorded path whose directory this host does not have
+// (another mount namespace) is named in a note, not reported missing.
+func TestUnseenPaths(t *testing.T) {
+	in := healthy()
+	in.Mounts = in.Mounts[:2] // neither the staging path nor the target is mounted
+	in.Unseen = map[string]bool{staging: true, target: true}
+	r := Compare(in)
+	if !r.Clean() || len(r.Notes) != 1 || !strings.Contains(r.Notes[0], target) {
+		t.Errorf("unseen paths: %+v %q", r.Findings, r.Notes)
+	}
+}
+
 // TestPartialInputs: what was not read is not compared, and said so.
 func TestPartialInputs(t *testing.T) {
 	in := healthy()

@@ -40,6 +40,7 @@ type Sources struct {
 	Cloud                       Cloud
 	Mounts                      MountLister
 	CloudNotRead, MountsNotRead string
+	Notes                       []string
 	HostNodes                   []string
 	DriverName                  string
 	KubeletRoot                 string
@@ -51,7 +52,7 @@ type Sources struct {
 // transition.
 func Gather(ctx context.Context, s Sources) (Input, error) {
 	in := Input{HostNodes: s.HostNodes, DriverName: s.DriverName, KubeletRoot: s.KubeletRoot,
-		CloudNotRead: s.CloudNotRead, MountsNotRead: s.MountsNotRead}
+		CloudNotRead: s.CloudNotRead, MountsNotRead: s.MountsNotRead, Notes: s.Notes}
 	before, err := readRecords(ctx, s.Records)
 	if err != nil {
 		return Input{}, err
@@ -76,7 +77,33 @@ func Gather(ctx context.Context, s Sources) (Input, error) {
 		return Input{}, err
 	}
 	in.Changing = Changed(before, in.Stores)
+	if in.MountsRead {
+		in.Unseen = unseen(in.Stores)
+	}
 	return in, nil
+}
+
+// unseen returns the recorded staging and target paths whose directory
+// does not exist here.
+func unseen(stores []Store) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range stores {
+		for _, v := range s.Volumes {
+			paths := []string{v.StagingPath}
+			for _, t := range v.Targets {
+				paths = append(paths, t.Path)
+			}
+			for _, p := range paths {
+				if p == "" {
+					continue
+				}
+				if _, err := os.Stat(filepath.Dir(p)); err != nil {
+					out[p] = true
+				}
+			}
+		}
+	}
+	return out
 }
 
 func readRecords(ctx context.Context, srcs []RecordSource) ([]Store, error) {
