@@ -2,15 +2,20 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/admin"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
+	"github.com/csid-dev/csid/internal/view"
 	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/proto"
 )
@@ -76,6 +81,24 @@ func useVolume(t *testing.T, c, n client, name, stage string, targets []string) 
 	return id
 }
 
+// inspectVolumes reads the controller's volumes through its admin socket,
+// as `csid inspect volumes` does: id, name, state, disk, capacity and node.
+func inspectVolumes(t *testing.T, dir string) []string {
+	t.Helper()
+	c := admin.NewClient(AdminSocketPath(dir, driver.ModeController), 5*time.Second)
+	defer c.Close()
+	list, err := c.Volumes(context.Background(), view.VolumeFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, v := range list.Volumes {
+		out = append(out, fmt.Sprintf("%s %s %s %s %d node=%s", v.ID, v.Name, v.State, v.DiskID, v.CapacityBytes, v.Node))
+	}
+	slices.Sort(out)
+	return out
+}
+
 func listVolumes(t *testing.T, c client) []*csi.ListVolumesResponse_Entry {
 	t.Helper()
 	entries := r(c.ListVolumes(context.Background(), &csi.ListVolumesRequest{})).must(t).Entries
@@ -108,6 +131,7 @@ func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 	if len(before) != 3 {
 		t.Fatalf("%d volumes before", len(before))
 	}
+	inspectBefore := inspectVolumes(t, dir)
 
 	s.controller.stop(t)
 	if err := os.Remove(StateFile(dir, driver.ModeController)); err != nil {
@@ -123,6 +147,10 @@ func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 		if !proto.Equal(before[i], after[i]) {
 			t.Errorf("volume %d before %v, after the rebuild %v", i, before[i], after[i])
 		}
+	}
+	// What `csid inspect volumes` shows (the admin socket) is the same too.
+	if got := inspectVolumes(t, dir); !slices.Equal(got, inspectBefore) {
+		t.Errorf("csid inspect volumes before the rebuild:\n%s\nafter:\n%s", strings.Join(inspectBefore, "\n"), strings.Join(got, "\n"))
 	}
 	// The CO's repeats are answered as before: create by name, publish.
 	vc := mountCap("ext4")

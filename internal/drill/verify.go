@@ -8,12 +8,13 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/check"
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/hostscrub"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/store"
+	"github.com/csid-dev/csid/internal/view"
 )
 
 // verify checks a cell's invariants once its scenario has ended and csid
@@ -61,37 +62,55 @@ func verify(ctx context.Context, dir string) error {
 		return err
 	}
 
-	c, err := local.Open(ctx, dir, local.Options{})
+	// Leaks: what csid check would report, on the stopped driver's state
+	// file, the local cloud and the host.
+	rep, err := leaks(ctx, dir)
 	if err != nil {
 		return err
 	}
-	page, err := c.ListDisks(ctx, cloud.ListOptions{})
-	if err != nil {
-		return err
+	for _, f := range rep.Findings {
+		add("%s: %s", f.Kind, f.Problem)
 	}
-	for _, d := range page.Disks {
-		add("disk %s (%s) is left in the cloud, attached to %q", d.ID, d.Name, d.AttachedTo)
-	}
-	devs, err := c.Host(NodeID).Devices(ctx)
-	if err != nil {
-		return err
-	}
-	for disk, dev := range devs {
-		add("loop device %s of disk %s is left", dev, disk)
-	}
-	mounts, err := mounter.New().List(ctx)
-	if err != nil {
-		return err
-	}
-	for _, m := range mounts {
-		if strings.HasPrefix(m.Path, dir+"/") {
-			add("mount %s (%s) is left", m.Path, m.Device)
+	// And since the scenario brought everything down, nothing at all may be
+	// left in the cloud, even what a record would explain.
+	if in, err := local.OpenInspector(dir); err == nil {
+		disks, err := in.Disks(ctx)
+		if err != nil {
+			return err
+		}
+		for _, d := range disks {
+			add("disk %s (%s) is left in the cloud, attached to %q", d.ID, d.Name, d.AttachedTo)
 		}
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// leaks runs csid check's comparison on a cell's state dir.
+func leaks(ctx context.Context, dir string) (check.Report, error) {
+	st, err := store.OpenReadOnly(filepath.Join(dir, "csid.db"), store.Options{})
+	if err != nil {
+		return check.Report{}, err
+	}
+	defer st.Close()
+	insp, err := local.OpenInspector(dir)
+	if err != nil {
+		return check.Report{}, err
+	}
+	in, err := check.Gather(ctx, check.Sources{
+		Records:     []check.RecordSource{{Name: "csid.db", Mode: "all", Source: view.NewStoreSource(st, view.Info{Mode: "all"})}},
+		Cloud:       insp,
+		Mounts:      mounter.New(),
+		HostNodes:   []string{NodeID},
+		DriverName:  "csid.csi.dev",
+		KubeletRoot: filepath.Join(dir, "kubelet"),
+	})
+	if err != nil {
+		return check.Report{}, err
+	}
+	return check.Compare(in), nil
 }
 
 // checkOps checks the ops of every volume, oldest first: each succeeded and
