@@ -138,7 +138,11 @@ func Run(ctx context.Context, o Options) error {
 	if o.Mode != driver.ModeController {
 		nodeID = o.NodeID
 	}
-	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Workers: o.Workers,
+	var verify ops.Verifier
+	if o.Mode != driver.ModeController {
+		verify = p.mounter.IsMounted
+	}
+	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Verify: verify, Workers: o.Workers,
 		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger()})
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,

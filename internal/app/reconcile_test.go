@@ -259,3 +259,55 @@ func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
 	in.stop(t)
 	checkNothingLeft(t, "reboot", dir)
 }
+
+// TestRepeatedStageRemountsWhatVanishedWhileRunning: csid is running when
+// the staging mount and the target are unmounted behind its back. Kubelet's
+// repeated NodeStage and NodePublish are not answered from the record ("done"):
+// csid sees the mounts are gone, rolls the record back with a note, and
+// mounts again; the pod sees its data.
+func TestRepeatedStageRemountsWhatVanishedWhileRunning(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := shortTempDir(t)
+	in := startCSID(t, Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	c := dial(t, in.socket)
+	ctx := context.Background()
+	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
+	id := useVolume(t, c, c, "pvc-a", stage, targets)
+	if err := os.WriteFile(filepath.Join(targets[0], "data"), []byte("still here"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := mounter.New()
+	for _, p := range append(targets, stage) {
+		if err := m.Unmount(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vc := mountCap("ext4")
+	if err := os.MkdirAll(stage, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc,
+		PublishContext: map[string]string{"csid.dev/disk-id": inspectDisk(t, dir, id)}})).must(t)
+	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: targets[0], StagingTargetPath: stage, VolumeCapability: vc})).must(t)
+	if got, err := os.ReadFile(filepath.Join(targets[0], "data")); err != nil || string(got) != "still here" {
+		t.Fatalf("after the repeated stage and publish the pod sees %q, %v", got, err)
+	}
+	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targets[0]})).must(t)
+	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
+	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
+	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+	in.stop(t)
+	checkNothingLeft(t, "remount", dir)
+}
+
+// inspectDisk reads a volume's disk id from an all-in-one csid's admin socket.
+func inspectDisk(t *testing.T, dir, id string) string {
+	t.Helper()
+	c := admin.NewClient(AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
+	defer c.Close()
+	v, err := c.Volume(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.DiskID
+}

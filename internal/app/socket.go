@@ -50,17 +50,42 @@ func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("unix", path)
+	if mode == 0 {
+		return net.Listen("unix", path)
+	}
+	// With a mode, the socket gets it before anyone can see it: it is made
+	// under a temporary name, given its mode, then renamed into place.
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%d.sock", os.Getpid()))
+	_ = os.Remove(tmp)
+	l, err := net.Listen("unix", tmp)
 	if err != nil {
 		return nil, err
 	}
-	if mode != 0 {
-		if err := os.Chmod(path, mode); err != nil {
-			l.Close()
-			return nil, err
-		}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, mode); err != nil {
+		l.Close()
+		os.Remove(tmp)
+		return nil, err
 	}
-	return l, nil
+	if err := os.Rename(tmp, path); err != nil {
+		l.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	return &renamedListener{l, path}, nil
+}
+
+// renamedListener removes the socket at its final path when closed (the
+// listener itself knows only the temporary name it was made under).
+type renamedListener struct {
+	net.Listener
+	path string
+}
+
+func (l *renamedListener) Close() error {
+	err := l.Listener.Close()
+	_ = os.Remove(l.path)
+	return err
 }
 
 // peer names the process at the other end of a unix connection.

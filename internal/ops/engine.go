@@ -70,8 +70,11 @@ type Config struct {
 	NodeID string
 	// Adopt, if set, lets node_stage adopt volumes unknown to the store.
 	Adopt Adopter
-	Clock Clock
-	Retry *Backoff
+	// Verify, if set, checks a node record's mounts before a repeated
+	// NodeStage or NodePublish is answered from it.
+	Verify Verifier
+	Clock  Clock
+	Retry  *Backoff
 	// Workers bounds the ops executing at once (default 64).
 	Workers int
 	// SweepInterval is the period of the resize queue's safety net
@@ -242,6 +245,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 		}
 		switch d.kind {
 		case done:
+			if !e.verifiedDone(ctx, req, d.vol) {
+				continue // the mount it answered from is gone; the record is rolled back
+			}
 			return Outcome{Volume: *d.vol}, nil
 		case reject:
 			return Outcome{}, d.err

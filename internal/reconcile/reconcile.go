@@ -29,6 +29,7 @@ import (
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/rs/zerolog"
 )
@@ -315,28 +316,9 @@ func dropVanished(v *store.Volume, mounts []mounter.MountPoint) (*store.Volume, 
 	for _, m := range mounts {
 		mounted[m.Path] = true
 	}
-	nv := v.Clone()
-	var gone []string
-	for t := range v.Targets {
-		if !mounted[t] {
-			delete(nv.Targets, t)
-			gone = append(gone, t)
-		}
-	}
-	stageGone := v.Capability.AccessType != "block" && v.Stage != nil && v.Stage.Path != "" && !mounted[v.Stage.Path]
-	if stageGone {
-		gone = append(gone, v.Stage.Path)
-		nv.Stage, nv.Targets = nil, nil
-	}
-	if len(gone) == 0 {
+	nv, why := ops.ForgetUnmounted(v, func(p string) bool { return mounted[p] })
+	if nv == nil {
 		return nil, ""
 	}
-	slices.Sort(gone)
-	switch {
-	case nv.Stage == nil:
-		nv.State = fsm.NodeReady
-	case len(nv.Targets) == 0:
-		nv.State, nv.Targets = fsm.VolReady, nil
-	}
-	return nv, fmt.Sprintf("no longer mounted: %s (was the node restarted?)", strings.Join(gone, ", "))
+	return nv, why + " (was the node restarted?)"
 }

@@ -1,0 +1,103 @@
+package ops
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/store"
+)
+
+// Verifier answers whether a path a node record names is really mounted. A
+// node engine uses it before it answers a repeated NodeStage or NodePublish
+// from its record: the mount may have gone behind csid's back (an unmount
+// by hand, a cleanup tool), and "already done" would then hand kubelet an
+// empty directory.
+type Verifier func(ctx context.Context, path string) (mounted bool, err error)
+
+// ForgetUnmounted returns the record without the stage and targets that are
+// no longer mounted (and the state that leaves), with a note saying what
+// went; nil when everything the record names is mounted. A raw block
+// volume's stage is no mount and is kept.
+func ForgetUnmounted(v *store.Volume, mounted func(path string) bool) (*store.Volume, string) {
+	nv := v.Clone()
+	var gone []string
+	for t := range v.Targets {
+		if !mounted(t) {
+			delete(nv.Targets, t)
+			gone = append(gone, t)
+		}
+	}
+	if v.Capability.AccessType != "block" && v.Stage != nil && v.Stage.Path != "" && !mounted(v.Stage.Path) {
+		gone = append(gone, v.Stage.Path)
+		nv.Stage, nv.Targets = nil, nil
+	}
+	if len(gone) == 0 {
+		return nil, ""
+	}
+	slices.Sort(gone)
+	switch {
+	case nv.Stage == nil:
+		nv.State, nv.Targets = fsm.NodeReady, nil
+	case len(nv.Targets) == 0:
+		nv.State, nv.Targets = fsm.VolReady, nil
+	}
+	return nv, "no longer mounted: " + strings.Join(gone, ", ")
+}
+
+// verifiedDone checks a request the record says is done (a repeated
+// NodeStage or NodePublish) against the host. When the mount it answers
+// from is gone, it rolls the record back (with a note) and reports false:
+// the caller plans again, and this time runs the request.
+func (e *Engine) verifiedDone(ctx context.Context, req Request, v *store.Volume) bool {
+	if e.cfg.Verify == nil || (req.Event != fsm.NodeStage && req.Event != fsm.NodePublish) {
+		return true
+	}
+	var path string
+	switch a := req.Args.(type) {
+	case *NodeStageArgs:
+		if v.Capability.AccessType == "block" {
+			return true
+		}
+		path = a.StagingPath
+	case *NodePublishArgs:
+		path = a.TargetPath
+	}
+	if ok, err := e.cfg.Verify(ctx, path); err != nil || ok {
+		return true // cannot tell: answer as before
+	}
+	paths := []string{}
+	if v.Stage != nil && v.Stage.Path != "" {
+		paths = append(paths, v.Stage.Path)
+	}
+	for t := range v.Targets {
+		paths = append(paths, t)
+	}
+	mounted := map[string]bool{}
+	for _, p := range paths {
+		ok, err := e.cfg.Verify(ctx, p)
+		mounted[p] = ok || err != nil
+	}
+	now := e.cfg.Clock.Now()
+	err := e.st.Update(func(tx *store.Tx) error {
+		cur, err := tx.Volume(v.ID)
+		if err != nil || cur == nil || cur.ActiveOp != 0 || cur.Generation != v.Generation {
+			return err // it moved on meanwhile: plan again from what it is now
+		}
+		nv, why := ForgetUnmounted(cur, func(p string) bool { return mounted[p] })
+		if nv == nil {
+			return nil
+		}
+		nv.Generation++
+		nv.UpdatedAt = now
+		return tx.Adopt(nv, store.HistoryEntry{Time: now, Event: req.Event, From: cur.State, To: nv.State,
+			Generation: nv.Generation, Outcome: "reconciled: " + why})
+	})
+	if err != nil {
+		e.log.Error().Err(err).Str("volume", v.ID).Msg("cannot record that a mount is gone")
+		return true
+	}
+	e.log.Warn().Str("volume", v.ID).Str("path", path).Msgf("%s: recorded as mounted, but it is not; doing it again", req.Event)
+	return false
+}
