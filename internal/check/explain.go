@@ -120,7 +120,8 @@ func mountMissing(v view.Volume, path string) Finding {
 	return Finding{Kind: MountMissing, Volume: v.ID, Disk: v.DiskID, Node: v.Node, Path: path,
 		Problem: fmt.Sprintf("volume %s is %s on %s with %s path %s, and nothing is mounted there", v.ID, v.State, v.Node, what, path),
 		Cause:   "an unmount outside csid since it started (by hand, or by another tool); a reboot is repaired by csid itself when it starts, before it answers ready",
-		Action: fmt.Sprintf("pods using the volume see an empty directory, not the volume, and csid answers a repeated stage or publish from its record. Restart csid on %s (delete its node plugin pod): at start-up it rolls back the records whose mounts are gone "+
-			"(the history says \"reconciled: no longer mounted\"), and kubelet's next NodeStageVolume and NodePublishVolume mount the volume again. Deleting the pods that use it works too: their unpublish and unstage clear the record", v.Node),
+		Action: fmt.Sprintf("pods using the volume see an empty directory, not the volume. Delete (or restart) the pods that use it on %s: kubelet's next "+
+			"NodeStageVolume and NodePublishVolume find the mount gone, csid rolls its record back (the history says \"reconciled: no longer mounted\") "+
+			"and mounts the volume again. Restarting csid's node plugin repairs the record too", v.Node),
 	}
 }
