@@ -56,7 +56,9 @@ type Executor interface {
 // error (an *Error with codes.NotFound for an unknown volume).
 type Adopter func(ctx context.Context, volumeID string, args *NodeStageArgs) (*store.Volume, error)
 
-// Observer receives the engine's events (metrics). Methods must be quick.
+// Observer receives the engine's events (metrics). Methods must be quick
+// and must not use the store: OpFinished runs in the outcome's commit hook,
+// before the op's waiters are answered.
 type Observer interface {
 	OpFinished(e fsm.Event, outcome string, took time.Duration)
 	OpRetried(e fsm.Event)
