@@ -53,7 +53,7 @@ attached waits durably and runs the moment the volume is detached.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newVersion())
+	root.AddCommand(newServe(), newBench(), newVersion())
 	return root
 }
 
