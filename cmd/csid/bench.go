@@ -38,9 +38,9 @@ throughput and latency of each RPC, phase by phase:
 
 Every round starts with the floor, measured at concurrency 1: Probe's round
 trip on the same endpoint and a bare bbolt commit in --floor-dir (point it at
-the driver's state file system). With several --concurrency values, each round
-runs every phase at each, in an order that alternates from round to round, and
-the report gives ratios taken round by round.
+the driver's state file system). With several --concurrency values, each phase
+runs at each, in slices that alternate between them (so the machine's drifting
+load hits them alike), and the report gives their ratios round by round.
 
 Only what the driver advertises is called (controller publish with
 PUBLISH_UNPUBLISH_VOLUME, stage with STAGE_UNSTAGE_VOLUME). Volume names start
@@ -132,6 +132,7 @@ was left behind.`,
 	f.IntVarP(&cfg.Count, "count", "n", 100, "units per measurement: calls, lifecycles or create+delete pairs")
 	f.IntVar(&cfg.Existing, "existing", 1000, "volumes the scale phase creates before its second measurement (0: only the first)")
 	f.IntVar(&cfg.Rounds, "rounds", 1, "repeat everything; the summary gives medians, the ratios are taken round by round")
+	f.IntVar(&cfg.Slices, "slices", 0, "cut each measurement into this many slices, run alternately at each concurrency (default: 25 units per worker per slice)")
 	f.StringVar(&size, "size", "64Mi", "each volume's size (Ki, Mi, Gi, or bytes)")
 	f.StringVar(&cfg.AccessType, "access-type", "mount", "mount or block")
 	f.StringVar(&cfg.FsType, "fs-type", "ext4", "filesystem of mount volumes")

@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -81,6 +82,10 @@ type Config struct {
 	Existing int
 	// Rounds repeats everything (default 1); the summary gives medians.
 	Rounds int
+	// Slices cuts each measurement into this many slices, run alternately
+	// at each concurrency (default: enough for each worker of the highest
+	// concurrency to run 25 units per slice; 1 with one concurrency).
+	Slices int
 	// SizeBytes is each volume's required size (default 64 MiB).
 	SizeBytes int64
 	// AccessType is "mount" (default) or "block"; FsType the mount's
@@ -145,7 +150,7 @@ func (c *Config) defaults() error {
 		}
 	}
 	switch {
-	case c.Count < 0, c.Existing < 0, c.Rounds < 0, c.SizeBytes < 0, c.FloorSamples < 0:
+	case c.Count < 0, c.Existing < 0, c.Rounds < 0, c.Slices < 0, c.SizeBytes < 0, c.FloorSamples < 0:
 		return errors.New("counts, rounds and sizes must not be negative")
 	}
 	if c.Count == 0 {
@@ -238,7 +243,8 @@ type runner struct {
 	vc     *csi.VolumeCapability
 	header journalHeader // the creation arguments, also of the journal
 	prefix string
-	seq    atomic.Int64
+	seed   uint64 // scatters the names of the run
+	seq    atomic.Uint64
 	report *Report
 	prog   *progress
 	jrnl   *journal
@@ -246,7 +252,7 @@ type runner struct {
 	mu      sync.Mutex
 	live    map[string]*volume // created or being created, not deleted
 	ids     map[string]bool    // every id the run created
-	pending []*volume          // made by the create phase, for the delete phase
+	pending map[int][]*volume  // made by the create phase, by concurrency, for the delete phase
 	errs    []string
 	nerrs   int
 	deleted int
@@ -282,7 +288,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer conn.Close()
 	r := &runner{cfg: cfg, csi: client{csi.NewIdentityClient(conn), csi.NewControllerClient(conn), csi.NewNodeClient(conn)},
-		prog: newProgress(cfg.Progress), live: map[string]*volume{}, ids: map[string]bool{},
+		prog: newProgress(cfg.Progress), live: map[string]*volume{}, ids: map[string]bool{}, pending: map[int][]*volume{},
 		report: &Report{Schema: Schema, StartedAt: time.Now().UTC().Truncate(time.Second)}}
 	if err := r.discover(ctx); err != nil {
 		return nil, err
@@ -306,6 +312,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer cleanupDirs()
 	id := runID()
 	r.prefix = cfg.Prefix + id + "-"
+	r.seed, _ = strconv.ParseUint(id, 16, 64)
 	r.report.Config.Prefix = r.prefix
 	if r.jrnl, err = createJournal(cfg.JournalDir, id, r.header); err != nil {
 		return nil, err
@@ -403,7 +410,7 @@ func (r *runner) discover(ctx context.Context) error {
 	r.report.Target = Target{Endpoint: r.cfg.Endpoint, Driver: info.GetName(), Version: info.GetVendorVersion(),
 		NodeID: r.cfg.NodeID, Capabilities: r.caps.names()}
 	r.report.Config = ReportConfig{Phases: phaseNames(r.cfg.Phases), Concurrency: r.cfg.Concurrency, Count: r.cfg.Count,
-		Existing: r.cfg.Existing, Rounds: r.cfg.Rounds, SizeBytes: r.cfg.SizeBytes, AccessType: r.cfg.AccessType,
+		Existing: r.cfg.Existing, Rounds: r.cfg.Rounds, Slices: r.slices(r.cfg.Concurrency), SizeBytes: r.cfg.SizeBytes, AccessType: r.cfg.AccessType,
 		FsType: r.cfg.FsType, TimeoutSeconds: r.cfg.Timeout.Seconds()}
 	if r.caps.list {
 		ids, err := r.listIDs(ctx)
@@ -494,8 +501,8 @@ func createRequest(name string, h journalHeader) *csi.CreateVolumeRequest {
 	return req
 }
 
-// rounds runs every round: the floor, then each concurrency (in an order
-// that alternates) with each phase.
+// rounds runs every round: the floor, then each phase at every
+// concurrency, interleaved (see measure).
 func (r *runner) rounds(ctx context.Context) error {
 	db, err := openFloor(r.cfg.FloorDir)
 	if err != nil {
@@ -509,14 +516,12 @@ func (r *runner) rounds(ctx context.Context) error {
 		if round%2 == 0 {
 			slices.Reverse(concs)
 		}
-		for _, conc := range concs {
-			for _, p := range Phases {
-				if !slices.Contains(r.cfg.Phases, p) || ctx.Err() != nil {
-					continue
-				}
-				for _, res := range r.phase(ctx, p, round, conc) {
-					r.add(res)
-				}
+		for _, p := range Phases {
+			if !slices.Contains(r.cfg.Phases, p) || ctx.Err() != nil {
+				continue
+			}
+			for _, res := range r.phase(ctx, p, round, concs) {
+				r.add(res)
 			}
 		}
 	}
@@ -527,48 +532,54 @@ func (r *runner) add(res Result) {
 	r.report.Results = append(r.report.Results, res)
 }
 
-// phase runs one phase at one concurrency.
-func (r *runner) phase(ctx context.Context, p Phase, round, conc int) []Result {
-	base := Result{Phase: string(p), Round: round, Concurrency: conc, Count: r.cfg.Count}
+// phase runs one phase at each concurrency; it returns a result per
+// concurrency (per concurrency and number of existing volumes for scale).
+func (r *runner) phase(ctx context.Context, p Phase, round int, concs []int) []Result {
+	base := Result{Phase: string(p), Round: round, Count: r.cfg.Count}
 	switch p {
 	case PhaseProbe:
 		base.Unit = "Probe"
-		return []Result{r.measure(ctx, base, label(base), func(ctx context.Context, s *samples, _ int) error {
+		return r.measure(ctx, base, concs, func(ctx context.Context, s *samples, _, _ int) error {
 			return r.call(ctx, s, "Probe", func(ctx context.Context) error {
 				_, err := r.csi.Probe(ctx, &csi.ProbeRequest{})
 				return err
 			})
-		})}
+		})
 	case PhaseCreate:
 		base.Unit = "CreateVolume"
-		return []Result{r.measure(ctx, base, label(base), func(ctx context.Context, s *samples, _ int) error {
-			v := r.newVolume("c", false)
+		return r.measure(ctx, base, concs, func(ctx context.Context, s *samples, conc, _ int) error {
+			v := r.newVolume(false)
 			if err := r.create(ctx, s, v); err != nil {
 				return err
 			}
 			r.mu.Lock()
-			r.pending = append(r.pending, v)
+			r.pending[conc] = append(r.pending[conc], v)
 			r.mu.Unlock()
 			return nil
-		})}
+		})
 	case PhaseDelete:
 		base.Unit = "DeleteVolume"
 		r.mu.Lock()
 		vols := r.pending
-		r.pending = nil
+		r.pending = map[int][]*volume{}
 		r.mu.Unlock()
-		if missing := r.cfg.Count - len(vols); missing > 0 {
-			vols = append(vols, r.createUntimed(ctx, "d", missing, conc, fmt.Sprintf("round %d c=%d delete: setup", round, conc))...)
+		for _, conc := range concs {
+			if missing := r.cfg.Count - len(vols[conc]); missing > 0 {
+				label := fmt.Sprintf("round %d delete c=%d: creating %d volumes to delete", round, conc, missing)
+				vols[conc] = append(vols[conc], r.createUntimed(ctx, missing, conc, label)...)
+			}
 		}
-		base.Count = min(base.Count, len(vols))
-		return []Result{r.measure(ctx, base, label(base), func(ctx context.Context, s *samples, i int) error {
-			return r.delete(ctx, s, vols[i])
-		})}
+		return r.measure(ctx, base, concs, func(ctx context.Context, s *samples, conc, i int) error {
+			if i >= len(vols[conc]) {
+				return fmt.Errorf("no volume to delete (their creation failed)")
+			}
+			return r.delete(ctx, s, vols[conc][i])
+		})
 	case PhaseLifecycle:
 		base.Unit = "lifecycle"
-		return []Result{r.measure(ctx, base, label(base), r.lifecycle)}
+		return r.measure(ctx, base, concs, r.lifecycle)
 	case PhaseScale:
-		return r.scale(ctx, base)
+		return r.scale(ctx, base, concs)
 	}
 	return nil
 }
@@ -577,13 +588,13 @@ func (r *runner) phase(ctx context.Context, p Phase, round, conc int) []Result {
 // with Existing of them, in an order that alternates from round to round
 // (odd: none first; even: Existing first), creating the Existing volumes
 // before and deleting them after their measurement.
-func (r *runner) scale(ctx context.Context, base Result) []Result {
+func (r *runner) scale(ctx context.Context, base Result, concs []int) []Result {
 	base.Unit = "create+delete"
-	pairs := func(existing int) Result {
+	pairs := func(existing int) []Result {
 		res := base
 		res.Existing = existing
-		return r.measure(ctx, res, label(res), func(ctx context.Context, s *samples, _ int) error {
-			v := r.newVolume("s", false)
+		return r.measure(ctx, res, concs, func(ctx context.Context, s *samples, _, _ int) error {
+			v := r.newVolume(false)
 			if err := r.create(ctx, s, v); err != nil {
 				return err
 			}
@@ -591,28 +602,26 @@ func (r *runner) scale(ctx context.Context, base Result) []Result {
 		})
 	}
 	if r.cfg.Existing == 0 {
-		return []Result{pairs(0)}
+		return pairs(0)
 	}
-	fillConc := max(fillConcurrency, slices.Max(r.cfg.Concurrency))
-	withExisting := func() Result {
-		label := fmt.Sprintf("round %d c=%d scale: creating %d volumes", base.Round, base.Concurrency, r.cfg.Existing)
-		fill := r.createUntimed(ctx, "x", r.cfg.Existing, fillConc, label)
+	fillConc := max(fillConcurrency, slices.Max(concs))
+	withExisting := func() []Result {
+		label := fmt.Sprintf("round %d scale: creating %d volumes", base.Round, r.cfg.Existing)
+		fill := r.createUntimed(ctx, r.cfg.Existing, fillConc, label)
 		res := pairs(len(fill))
-		label = fmt.Sprintf("round %d c=%d scale: deleting %d volumes", base.Round, base.Concurrency, len(fill))
+		label = fmt.Sprintf("round %d scale: deleting %d volumes", base.Round, len(fill))
 		r.deleteUntimed(ctx, fill, fillConc, label)
 		return res
 	}
 	if base.Round%2 == 1 {
-		empty := pairs(0)
-		return []Result{empty, withExisting()}
+		return append(pairs(0), withExisting()...)
 	}
-	full := withExisting()
-	return []Result{full, pairs(0)}
+	return append(withExisting(), pairs(0)...)
 }
 
 // lifecycle is one unit of the lifecycle phase.
-func (r *runner) lifecycle(ctx context.Context, s *samples, _ int) error {
-	v := r.newVolume("l", true)
+func (r *runner) lifecycle(ctx context.Context, s *samples, _, _ int) error {
+	v := r.newVolume(true)
 	if err := r.create(ctx, s, v); err != nil {
 		return err
 	}
@@ -683,34 +692,97 @@ func (r *runner) lifecycle(ctx context.Context, s *samples, _ int) error {
 	return r.delete(ctx, s, v)
 }
 
-// label names a measurement in the progress line and in error messages.
-func label(res Result) string {
-	l := fmt.Sprintf("round %d c=%d %s", res.Round, res.Concurrency, res.Phase)
-	if res.Phase == string(PhaseScale) {
-		l += fmt.Sprintf(" (%d existing)", res.Existing)
+// measure runs res.Count units of a phase at each concurrency of concs
+// and returns a result per concurrency. With several concurrencies, the
+// units are cut into slices, and the slices of the concurrencies run
+// alternately (c1, c8, c8, c1, c1, ...): what the machine's drifting load
+// does to one, it does to the other, and their ratio holds. A slice keeps
+// each worker busy for about sliceUnitsPerWorker units, so the idle tail
+// of a slice (workers finishing their last unit) costs little. A unit that
+// fails counts as an error; ctx ending stops the workers between units.
+func (r *runner) measure(ctx context.Context, base Result, concs []int, unit func(ctx context.Context, s *samples, conc, i int) error) []Result {
+	type acc struct {
+		s            *samples
+		done, failed int
+		elapsed      time.Duration
 	}
-	return l
+	accs := make([]acc, len(concs))
+	for i := range accs {
+		accs[i].s = newSamples()
+	}
+	n := r.slices(concs)
+	l := fmt.Sprintf("round %d %s c=%s", base.Round, base.Phase, joinInts(concs))
+	if base.Phase == string(PhaseScale) {
+		l += fmt.Sprintf(" (%d existing)", base.Existing)
+	}
+	r.prog.begin(l, base.Count*len(concs))
+	for k := 0; k < n && ctx.Err() == nil; k++ {
+		lo, hi := k*base.Count/n, (k+1)*base.Count/n
+		order := make([]int, len(concs))
+		for i := range order {
+			order[i] = i
+		}
+		if k%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, i := range order {
+			a, conc := &accs[i], concs[i]
+			elapsed, done, failed := r.runSlice(ctx, conc, lo, hi, l, func(ctx context.Context, j int) error {
+				return unit(ctx, a.s, conc, j)
+			})
+			a.elapsed += elapsed
+			a.done += done
+			a.failed += failed
+		}
+	}
+	r.prog.end()
+	out := make([]Result, len(concs))
+	for i, a := range accs {
+		res := base
+		res.Concurrency, res.Count, res.Errors = concs[i], a.done, a.failed
+		res.ElapsedSeconds = a.elapsed.Seconds()
+		if a.elapsed > 0 {
+			res.OpsPerSecond = float64(a.done-a.failed) / a.elapsed.Seconds()
+		}
+		res.RPCs = a.s.stats(a.elapsed)
+		out[i] = res
+	}
+	slices.SortStableFunc(out, func(a, b Result) int { return a.Concurrency - b.Concurrency })
+	return out
 }
 
-// measure runs res.Count units on res.Concurrency workers and fills in the
-// result. A unit that fails counts as an error (its first error is kept);
-// ctx ending stops the workers between units.
-func (r *runner) measure(ctx context.Context, res Result, label string, unit func(ctx context.Context, s *samples, i int) error) Result {
-	s := newSamples()
+// sliceUnitsPerWorker is how many units each worker runs in one slice of
+// an interleaved measurement, at the highest concurrency.
+const sliceUnitsPerWorker = 25
+
+// slices is the number of slices a measurement at concs is cut into.
+func (r *runner) slices(concs []int) int {
+	if r.cfg.Slices > 0 {
+		return min(r.cfg.Slices, r.cfg.Count)
+	}
+	if len(concs) < 2 {
+		return 1
+	}
+	return max(1, r.cfg.Count/(sliceUnitsPerWorker*slices.Max(concs)))
+}
+
+// runSlice runs units [lo, hi) on conc workers and returns how long that
+// took, how many units ran and how many failed.
+func (r *runner) runSlice(ctx context.Context, conc, lo, hi int, label string, fn func(ctx context.Context, i int) error) (time.Duration, int, int) {
 	var next, done, failed atomic.Int64
-	r.prog.begin(label, res.Count)
+	next.Store(int64(lo))
 	start := time.Now()
 	var wg sync.WaitGroup
-	for range res.Concurrency {
+	for range conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				i := int(next.Add(1) - 1)
-				if i >= res.Count {
+				if i >= hi {
 					return
 				}
-				if err := unit(ctx, s, i); err != nil {
+				if err := fn(ctx, i); err != nil {
 					failed.Add(1)
 					r.noteError(fmt.Errorf("%s: %w", label, err))
 				}
@@ -720,15 +792,15 @@ func (r *runner) measure(ctx context.Context, res Result, label string, unit fun
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	r.prog.end()
-	res.Count, res.Errors = int(done.Load()), int(failed.Load())
-	res.ElapsedSeconds = elapsed.Seconds()
-	if elapsed > 0 {
-		res.OpsPerSecond = float64(res.Count-res.Errors) / elapsed.Seconds()
+	return time.Since(start), int(done.Load()), int(failed.Load())
+}
+
+func joinInts(x []int) string {
+	s := make([]string, len(x))
+	for i, v := range x {
+		s[i] = fmt.Sprint(v)
 	}
-	res.RPCs = s.stats(elapsed)
-	return res
+	return strings.Join(s, ",")
 }
 
 // call makes one RPC within the run's timeout and records it in s (nil:
@@ -759,10 +831,13 @@ func (r *runner) noteError(err error) {
 // maxErrors is how many error messages a report keeps.
 const maxErrors = 10
 
-// newVolume names a volume (prefix, kind, sequence) and journals it
-// before it is created.
-func (r *runner) newVolume(kind string, lifecycle bool) *volume {
-	v := &volume{name: fmt.Sprintf("%s%s%07d", r.prefix, kind, r.seq.Add(1))}
+// newVolume names a volume and journals it before it is created. A name
+// is the run's prefix and 16 hex digits that look random but are a
+// bijection of a sequence number (no two alike): a CO's names (pvc-<uuid>)
+// are random, and a driver that indexes names pays for that with a write
+// to a random place of its index; sequential names would hide the cost.
+func (r *runner) newVolume(lifecycle bool) *volume {
+	v := &volume{name: fmt.Sprintf("%s%016x", r.prefix, mix(r.seq.Add(1)^r.seed))}
 	if lifecycle {
 		v.staging, v.target = filepath.Join(r.cfg.StagingDir, v.name), filepath.Join(r.cfg.TargetDir, v.name)
 	}
@@ -819,11 +894,11 @@ func (r *runner) gone(v *volume) {
 
 // createUntimed creates n volumes on conc workers, outside any measurement,
 // and returns those that were created.
-func (r *runner) createUntimed(ctx context.Context, kind string, n, conc int, label string) []*volume {
+func (r *runner) createUntimed(ctx context.Context, n, conc int, label string) []*volume {
 	var mu sync.Mutex
 	var out []*volume
 	r.untimed(ctx, n, conc, label, func(ctx context.Context, _ int) error {
-		v := r.newVolume(kind, false)
+		v := r.newVolume(false)
 		if err := r.create(ctx, nil, v); err != nil {
 			return err
 		}
@@ -843,7 +918,17 @@ func (r *runner) deleteUntimed(ctx context.Context, vols []*volume, conc int, la
 }
 
 func (r *runner) untimed(ctx context.Context, n, conc int, label string, fn func(ctx context.Context, i int) error) {
-	r.measure(ctx, Result{Count: n, Concurrency: conc}, label, func(ctx context.Context, _ *samples, i int) error {
-		return fn(ctx, i)
-	})
+	r.prog.begin(label, n)
+	r.runSlice(ctx, conc, 0, n, label, fn)
+	r.prog.end()
+}
+
+// mix is splitmix64's finaliser: a bijection of uint64 that scatters
+// consecutive numbers.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }

@@ -62,7 +62,8 @@ func (f *floorDB) close() {
 func (r *runner) floor(ctx context.Context, round int, db *floorDB) Result {
 	res := Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: "Probe+bbolt.Update", Count: r.cfg.FloorSamples}
 	s := newSamples()
-	r.prog.begin(label(res), res.Count)
+	l := fmt.Sprintf("round %d floor", round)
+	r.prog.begin(l, res.Count)
 	start := time.Now()
 	done, failed := 0, 0
 	for ; done < res.Count && ctx.Err() == nil; done++ {
@@ -75,7 +76,7 @@ func (r *runner) floor(ctx context.Context, round int, db *floorDB) Result {
 		s.add("bbolt.Update", time.Since(t), berr != nil)
 		if err = errors.Join(err, berr); err != nil {
 			failed++
-			r.noteError(fmt.Errorf("%s: %w", label(res), err))
+			r.noteError(fmt.Errorf("%s: %w", l, err))
 		}
 		r.prog.step()
 	}

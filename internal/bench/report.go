@@ -64,9 +64,12 @@ type ReportConfig struct {
 	Count       int      `json:"count"`
 	Existing    int      `json:"existing"`
 	Rounds      int      `json:"rounds"`
-	SizeBytes   int64    `json:"size_bytes"`
-	AccessType  string   `json:"access_type"`
-	FsType      string   `json:"fs_type"`
+	// Slices is how many slices each measurement was cut into, run
+	// alternately at each concurrency.
+	Slices     int    `json:"slices"`
+	SizeBytes  int64  `json:"size_bytes"`
+	AccessType string `json:"access_type"`
+	FsType     string `json:"fs_type"`
 	// Prefix starts the name of every volume of the run.
 	Prefix         string  `json:"prefix"`
 	TimeoutSeconds float64 `json:"timeout_seconds"`
