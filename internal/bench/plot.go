@@ -14,7 +14,7 @@ const (
 	plotChartW = 560
 	plotRightW = 30
 	plotRowH   = 22
-	plotTop    = 70
+	plotTop    = 84
 	plotBottom = 50
 )
 
