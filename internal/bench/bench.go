@@ -783,6 +783,9 @@ func (r *runner) runSlice(ctx context.Context, conc, lo, hi int, label string, f
 					return
 				}
 				if err := fn(ctx, i); err != nil {
+					if ctx.Err() != nil {
+						return // interrupted, not failed: the cleanup sees to it
+					}
 					failed.Add(1)
 					r.noteError(fmt.Errorf("%s: %w", label, err))
 				}
@@ -810,7 +813,7 @@ func (r *runner) call(ctx context.Context, s *samples, method string, f func(ctx
 	defer cancel()
 	start := time.Now()
 	err := f(cctx)
-	if s != nil {
+	if s != nil && (err == nil || ctx.Err() == nil) { // a call cut short by Ctrl-C is no sample
 		s.add(method, time.Since(start), err != nil)
 	}
 	if err != nil {
