@@ -175,8 +175,9 @@ func TestBenchRecoversKilledRun(t *testing.T) {
 	in, c := startFake(t, fake.New(fake.Options{Zones: []string{"fake"}}), nil)
 	ctx := context.Background()
 	dir := t.TempDir()
+	// The killed run spelled the endpoint unix:///path; this one /path.
 	header := fmt.Sprintf(`{"endpoint":%q,"node_id":"node-1","topology":{"topology.csid.dev/zone":"fake"},"size_bytes":%d,"access_type":"mount","fs_type":"ext4","pid":1}`,
-		in.socket, 64<<20)
+		"unix://"+in.socket, 64<<20)
 	vc := mountCap("ext4")
 	topo := &csi.Topology{Segments: map[string]string{"topology.csid.dev/zone": "fake"}}
 	made := r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "killed-a", CapacityRange: capRange(64 << 20),

@@ -299,7 +299,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return r.report, err
 	}
 	if cfg.CleanupOnly {
-		r.report.Cleanup.Verified = true
+		r.summarise()
 		return r.report, nil
 	}
 	if err := r.checkPhases(); err != nil {

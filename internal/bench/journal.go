@@ -138,7 +138,7 @@ func deadRuns(dir, endpoint string) ([]*deadRun, error) {
 			continue
 		}
 		d, err := readJournal(f)
-		if err != nil || d.header.Endpoint != endpoint {
+		if err != nil || grpcTarget(d.header.Endpoint) != grpcTarget(endpoint) {
 			f.Close()
 			continue
 		}

@@ -379,7 +379,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	switch {
 	case !c.Verified:
-		b.WriteString(" (not verified: no LIST_VOLUMES)\n")
+		b.WriteString(" (ListVolumes not asked)\n")
 	case len(c.Leftover) == 0:
 		b.WriteString("; ListVolumes shows none left\n")
 	default:
