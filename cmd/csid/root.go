@@ -59,7 +59,7 @@ attached waits durably and runs the moment the volume is detached.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newDrill(), newVersion(), newInspect(time.Now), newCheck())
+	root.AddCommand(newServe(), newInspect(time.Now), newCheck(), newDrill(), newBench(), newVersion())
 	return root
 }
 

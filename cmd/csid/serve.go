@@ -67,6 +67,7 @@ one --mode node per node (see docs/deploy.md).`,
 	f.IntVar(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit)")
 	f.StringVar(&o.Zone, "zone", "", "the local backend's zone (default \"local\")")
 	f.IntVar(&o.Workers, "workers", 64, "operations whose effects run at once")
+	f.StringVar(&o.MetricsAddress, "metrics-address", "", "serve /metrics, /readyz and /healthz on this address, e.g. :9090 (off when empty)")
 	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 0, "bound of each shutdown step (default 10s)")
 	f.StringVar(&logFormat, "log-format", "json", "log format: json or console")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")

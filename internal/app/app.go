@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -63,6 +64,10 @@ type Options struct {
 	// AdminSocket is the read-only admin endpoint's unix socket (default
 	// AdminSocketPath(StateDir, Mode)).
 	AdminSocket string
+	// MetricsAddress serves /metrics, /readyz and /healthz (off when
+	// empty); MetricsListener, if set, is used instead (tests).
+	MetricsAddress  string
+	MetricsListener net.Listener
 }
 
 // StateFile is the state file of a mode inside a state directory.
@@ -97,7 +102,8 @@ func Run(ctx context.Context, o Options) error {
 
 	// The state file first: a second csid on the same state dir stops here,
 	// naming the holder, within a second.
-	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{LockTimeout: 500 * time.Millisecond})
+	ob := newObservability(o, log)
+	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{LockTimeout: 500 * time.Millisecond, Observe: ob.storeHook()})
 	if err != nil {
 		return fmt.Errorf("open the state file: %w", err)
 	}
@@ -143,7 +149,7 @@ func Run(ctx context.Context, o Options) error {
 		verify = p.mounter.IsMounted
 	}
 	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Verify: verify, Workers: o.Workers,
-		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger()})
+		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger(), Observer: ob.opsObserver()})
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
 		Controller: controllerBackend{p.cloud}, Node: nodeBackend{cloud: p.cloud, mounter: p.mounter, nodeID: o.NodeID},
@@ -151,8 +157,12 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(driver.Interceptor(log.With().Str("component", "csi").Logger(), nil)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(driver.Interceptor(log.With().Str("component", "csi").Logger(), ob.rpcObserver())))
 	drv.Register(srv)
+	if err := ob.start(o, eng, st, backendCheck(o.Mode, p.cloud, o.NodeID)); err != nil {
+		return err
+	}
+	defer ob.stop()
 	lis, err := listenUnix(sock, 0)
 	if err != nil {
 		return err

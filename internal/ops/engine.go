@@ -21,6 +21,7 @@ package ops
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -56,7 +57,9 @@ type Executor interface {
 // error (an *Error with codes.NotFound for an unknown volume).
 type Adopter func(ctx context.Context, volumeID string, args *NodeStageArgs) (*store.Volume, error)
 
-// Observer receives the engine's events (metrics). Methods must be quick.
+// Observer receives the engine's events (metrics). Methods must be quick
+// and must not use the store: OpFinished runs in the outcome's commit hook,
+// before the op's waiters are answered.
 type Observer interface {
 	OpFinished(e fsm.Event, outcome string, took time.Duration)
 	OpRetried(e fsm.Event)
@@ -161,9 +164,16 @@ func New(cfg Config) *Engine {
 		sem: make(chan struct{}, cfg.Workers)}
 }
 
+// newVolumeID draws a volume id: "vol-" and 20 hex digits, the first 12
+// the Unix time in milliseconds and the last 8 random. Ids of volumes made
+// close in time sort together, so concurrent creates (and deletes of
+// recent volumes) share the volumes bucket's last pages instead of each
+// rewriting a random leaf (BenchmarkCreateDeleteExisting). Two ids drawn
+// in one millisecond differ in 32 random bits.
 func newVolumeID() string {
 	var b [10]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixMilli())<<16)
+	if _, err := rand.Read(b[6:]); err != nil {
 		panic(err)
 	}
 	return "vol-" + hex.EncodeToString(b[:])

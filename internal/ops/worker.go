@@ -244,7 +244,7 @@ func (e *Engine) fail(f *flight, x *Exec, exec Executor, oe *Error, transient bo
 			}
 		}
 		out := *v
-		tx.OnCommit(func() { e.deliver(f, out, oe) })
+		tx.OnCommit(func() { e.observe(op, "failed", now); e.deliver(f, out, oe) })
 		return nil
 	})
 	if err != nil {
@@ -253,9 +253,6 @@ func (e *Engine) fail(f *flight, x *Exec, exec Executor, oe *Error, transient bo
 		return
 	}
 	log.Warn().Str("code", oe.Code.String()).Str("reason", oe.Msg).Msg("op failed")
-	if e.cfg.Observer != nil {
-		e.cfg.Observer.OpFinished(op.Event, "failed", now.Sub(op.CreatedAt))
-	}
 }
 
 // settleFailedResize decides what becomes of a resize whose op failed: after
@@ -310,6 +307,7 @@ func (e *Engine) succeed(f *flight, res Result, started time.Time, log zerolog.L
 			nextVol = *v
 		}
 		tx.OnCommit(func() {
+			e.observe(op, "succeeded", now)
 			e.deliver(f, out, nil)
 			if next != nil {
 				e.launchAccepted(next, &nextVol)
@@ -323,8 +321,14 @@ func (e *Engine) succeed(f *flight, res Result, started time.Time, log zerolog.L
 		return
 	}
 	log.Debug().Str("to", string(op.To)).Msg("op succeeded")
+}
+
+// observe reports a finished op to the Observer. It runs in the outcome's
+// commit hook, before the waiters are released: whoever has the answer
+// also finds the op counted.
+func (e *Engine) observe(op *store.Op, outcome string, now time.Time) {
 	if e.cfg.Observer != nil {
-		e.cfg.Observer.OpFinished(op.Event, "succeeded", now.Sub(op.CreatedAt))
+		e.cfg.Observer.OpFinished(op.Event, outcome, now.Sub(op.CreatedAt))
 	}
 }
 

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/csid-dev/csid/internal/bench"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+)
+
+// errBenchFailed makes `csid bench` exit 1 after printing a report that
+// shows failures, an interruption or volumes left behind.
+var errBenchFailed = errors.New("the run was not clean (see the report)")
+
+func newBench() *cobra.Command {
+	var cfg bench.Config
+	var phases []string
+	var size, output, plot string
+	var progress bool
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure a CSI driver: ops/s and p50/p90/p99 per RPC, beside the floor",
+		Long: `Run a load against a CSI endpoint (csid or any other driver) and report the
+throughput and latency of each RPC, phase by phase:
+
+  probe      Probe calls
+  create     CreateVolume calls (the volumes are kept for the delete phase)
+  delete     DeleteVolume calls
+  lifecycle  create, controller publish, stage, publish, unpublish, unstage,
+             controller unpublish, delete: one volume's whole life per unit
+  scale      create+delete pairs with none of the run's volumes around, and
+             with --existing volumes created beforehand, alternately
+
+Every round starts with the floor, measured at concurrency 1: Probe's round
+trip on the same endpoint and a bare bbolt commit in --floor-dir (point it at
+the driver's state file system). With several --concurrency values, each phase
+runs at each, in slices that alternate between them (so the machine's drifting
+load hits them alike), and the report gives their ratios round by round.
+
+Only what the driver advertises is called (controller publish with
+PUBLISH_UNPUBLISH_VOLUME, stage with STAGE_UNSTAGE_VOLUME). Volume names start
+with --prefix and a random run id. Every volume the run creates is deleted at
+the end, also after Ctrl-C (press it twice to leave them); a journal under
+--journal-dir lets the next run (or --cleanup-only) clean up after a run that
+was killed, and ListVolumes confirms nothing of the run is left.
+
+The report goes to stdout (a table, or JSON with -o json: docs/benchmarks.md
+describes its fields); a progress line goes to stderr when it is a terminal.
+The exit code is 1 when any unit failed, the run was interrupted, or a volume
+was left behind.`,
+		Example: `  # csid on the fake backend, in the background
+  csid serve --cloud fake --state-dir /tmp/csid-fake &
+  csid bench --endpoint unix:///tmp/csid-fake/csi.sock --floor-dir /tmp/csid-fake \
+    --concurrency 1,8 --rounds 5 --existing 5000 --plot bench.svg
+
+  # only the lifecycle, as JSON
+  csid bench --endpoint /var/lib/kubelet/plugins/csid.csi.dev/csi.sock --phases lifecycle -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if cfg.SizeBytes, err = bench.ParseSize(size); err != nil {
+				return err
+			}
+			for _, p := range phases {
+				cfg.Phases = append(cfg.Phases, bench.Phase(p))
+			}
+			if output != "table" && output != "json" {
+				return fmt.Errorf("-o %q: table or json", output)
+			}
+			if cfg.Endpoint == "" {
+				dir, err := filepath.Abs("csid-data")
+				if err != nil {
+					return err
+				}
+				cfg.Endpoint = "unix://" + filepath.Join(dir, "csi.sock")
+			}
+			if progress || isTerminal(os.Stderr) {
+				cfg.Progress = cmd.ErrOrStderr()
+			}
+			// The first SIGINT or SIGTERM ends the measurements (main's
+			// context); the second abandons the cleanup.
+			abandon := make(chan struct{})
+			sigs := make(chan os.Signal, 2)
+			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+			defer func() { signal.Stop(sigs); close(sigs) }()
+			go func() {
+				if _, ok := <-sigs; !ok {
+					return
+				}
+				fmt.Fprintln(cmd.ErrOrStderr(), "\ninterrupted: deleting the volumes of this run; interrupt again to leave them to the next run")
+				if _, ok := <-sigs; ok {
+					close(abandon)
+				}
+			}()
+			cfg.Abandon = abandon
+
+			rep, runErr := bench.Run(cmd.Context(), cfg)
+			if rep != nil {
+				out := cmd.OutOrStdout()
+				if output == "json" {
+					err = rep.WriteJSON(out)
+				} else {
+					err = rep.WriteTable(out)
+				}
+				if err != nil {
+					return err
+				}
+				if plot != "" {
+					if err := writePlot(plot, rep); err != nil {
+						return err
+					}
+				}
+			}
+			if runErr != nil {
+				return fmt.Errorf("bench: %w", runErr)
+			}
+			if !cfg.CleanupOnly && !rep.OK() {
+				return errBenchFailed
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Endpoint, "endpoint", "", "the driver's CSI endpoint: unix:///path, /path or host:port (default unix://<./csid-data>/csi.sock)")
+	f.StringSliceVar(&phases, "phases", []string{"probe", "create", "delete", "lifecycle", "scale"}, "phases to run, in this order")
+	f.IntSliceVarP(&cfg.Concurrency, "concurrency", "c", []int{8}, "workers; several values (1,8) measure each phase at each")
+	f.IntVarP(&cfg.Count, "count", "n", 100, "units per measurement: calls, lifecycles or create+delete pairs")
+	f.IntVar(&cfg.Existing, "existing", 1000, "volumes the scale phase creates before its second measurement (0: only the first)")
+	f.IntVar(&cfg.Rounds, "rounds", 1, "repeat everything; the summary gives medians, the ratios are taken round by round")
+	f.IntVar(&cfg.Slices, "slices", 0, "cut each measurement into this many slices, run alternately at each concurrency (default: 25 units per worker per slice)")
+	f.StringVar(&size, "size", "64Mi", "each volume's size (Ki, Mi, Gi, or bytes)")
+	f.StringVar(&cfg.AccessType, "access-type", "mount", "mount or block")
+	f.StringVar(&cfg.FsType, "fs-type", "ext4", "filesystem of mount volumes")
+	f.StringToStringVar(&cfg.Parameters, "parameter", nil, "a CreateVolume parameter, key=value (repeatable)")
+	f.StringVar(&cfg.NodeID, "node-id", "", "node to publish to (default: NodeGetInfo's)")
+	f.StringVar(&cfg.StagingDir, "staging-dir", "", "directory of the staging paths, one per volume (default: under a new temporary directory)")
+	f.StringVar(&cfg.TargetDir, "target-dir", "", "directory of the target paths, one per volume (default: under a new temporary directory)")
+	f.StringVar(&cfg.Prefix, "prefix", "csid-bench-", "start of every volume name (a random run id follows)")
+	f.DurationVar(&cfg.Timeout, "timeout", 0, "bound of each RPC (default 2m)")
+	f.IntVar(&cfg.FloorSamples, "floor-samples", 200, "Probe and bbolt samples of the floor per round")
+	f.StringVar(&cfg.FloorDir, "floor-dir", "", "directory of the floor's bbolt file: the driver's state dir's file system (default: the temporary directory)")
+	f.StringVar(&cfg.JournalDir, "journal-dir", "", "where runs journal their volumes (default ~/.cache/csid-bench)")
+	f.BoolVar(&cfg.CleanupOnly, "cleanup-only", false, "only clean up after killed runs against --endpoint")
+	f.StringVarP(&output, "output", "o", "table", "report format: table or json")
+	f.StringVar(&plot, "plot", "", "also write an SVG chart of p50 and p99 per RPC to this file")
+	f.BoolVar(&progress, "progress", false, "draw the progress line on stderr even when it is not a terminal")
+	return cmd
+}
+
+func writePlot(path string, rep *bench.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	if err := rep.WriteSVG(f); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot: %w", err)
+	}
+	return f.Close()
+}
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

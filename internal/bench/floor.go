@@ -1,0 +1,115 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+)
+
+// floorDB is the bare bbolt file of the floor: what one durable commit
+// costs on the file system, with nothing of csid around it.
+type floorDB struct {
+	db   *bolt.DB
+	path string
+	seq  uint64
+}
+
+var floorBucket = []byte("floor")
+
+func openFloor(dir string) (*floorDB, error) {
+	f, err := os.CreateTemp(dir, "csid-bench-floor-*.db")
+	if err != nil {
+		return nil, fmt.Errorf("floor file: %w", err)
+	}
+	path := f.Name()
+	f.Close()
+	_ = os.Remove(path) // bbolt initialises a file it creates
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		return nil, fmt.Errorf("floor file: %w", err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucketIfNotExists(floorBucket); return err }); err != nil {
+		db.Close()
+		os.Remove(path)
+		return nil, fmt.Errorf("floor file: %w", err)
+	}
+	return &floorDB{db: db, path: path}, nil
+}
+
+// commit is one bare bbolt Update putting one key (default options: it
+// fsyncs), as BenchmarkBoltUpdateFloor in internal/ops.
+func (f *floorDB) commit() error {
+	f.seq++
+	key := binary.BigEndian.AppendUint64(nil, f.seq)
+	return f.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(floorBucket).Put(key, key) })
+}
+
+func (f *floorDB) close() {
+	f.db.Close()
+	os.Remove(f.path)
+}
+
+// floor measures, at concurrency 1 and interleaved sample by sample so the
+// machine's drifting load hits both alike, the round trip of Probe on the
+// endpoint and a bare bbolt commit.
+func (r *runner) floor(ctx context.Context, round int, db *floorDB) Result {
+	res := Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: "Probe+bbolt.Update", Count: r.cfg.FloorSamples}
+	s := newSamples()
+	l := fmt.Sprintf("round %d floor", round)
+	r.prog.begin(l, res.Count)
+	start := time.Now()
+	done, failed := 0, 0
+	for ; done < res.Count && ctx.Err() == nil; done++ {
+		err := r.call(ctx, s, "Probe", func(ctx context.Context) error {
+			_, err := r.csi.Probe(ctx, &csi.ProbeRequest{})
+			return err
+		})
+		t := time.Now()
+		berr := db.commit()
+		s.add("bbolt.Update", time.Since(t), berr != nil)
+		if err = errors.Join(err, berr); err != nil {
+			failed++
+			r.noteError(fmt.Errorf("%s: %w", l, err))
+		}
+		r.prog.step()
+	}
+	elapsed := time.Since(start)
+	r.prog.end()
+	res.Count, res.Errors, res.ElapsedSeconds = done, failed, elapsed.Seconds()
+	if elapsed > 0 {
+		res.OpsPerSecond = float64(done-failed) / elapsed.Seconds()
+	}
+	res.RPCs = s.stats(elapsed)
+	return res
+}
+
+// fsType names the file system of dir (for the report: a floor on tmpfs
+// says nothing about a state file on disk).
+func fsType(dir string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return ""
+	}
+	switch st.Type {
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4" // also ext2 and ext3: one magic
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return "overlay"
+	case unix.NFS_SUPER_MAGIC:
+		return "nfs"
+	}
+	return fmt.Sprintf("0x%x", st.Type)
+}
