@@ -98,6 +98,12 @@ type Operation struct {
 	Kind   OpKind `json:"kind"`
 	DiskID string `json:"diskID"`
 	NodeID string `json:"nodeID,omitempty"`
+	// Done says the operation had already finished when the call that
+	// started (or joined) it returned: WaitOperation answers at once, and a
+	// caller need not record the id, since repeating the idempotent call
+	// after a crash finds the work done. A provider whose operations take
+	// time leaves it false.
+	Done bool `json:"done,omitempty"`
 }
 
 // ListOptions pages through ListDisks.

@@ -55,7 +55,10 @@ func (c *Controller) Executors() map[fsm.Event]ops.Executor {
 
 // startOrResume waits on the cloud operation the op recorded, or starts one
 // with start, records its id, and waits on it. A recorded operation the
-// cloud has forgotten is started again (every start is idempotent).
+// cloud has forgotten is started again (every start is idempotent). An
+// operation the cloud reports already done is not recorded: that would cost
+// a commit for nothing, since after a crash the repeated call finds its work
+// done (the local backend's operations always are).
 func startOrResume(ctx context.Context, x *ops.Exec, c cloud.Cloud, start func() (cloud.Operation, error)) (cloud.Disk, error) {
 	if id, ok := x.Checkpointed(cpCloudOp); ok {
 		d, err := c.WaitOperation(ctx, id)
@@ -68,8 +71,10 @@ func startOrResume(ctx context.Context, x *ops.Exec, c cloud.Cloud, start func()
 	if err != nil {
 		return cloud.Disk{}, err
 	}
-	if err := x.Checkpoint(cpCloudOp, op.ID); err != nil {
-		return cloud.Disk{}, err
+	if !op.Done {
+		if err := x.Checkpoint(cpCloudOp, op.ID); err != nil {
+			return cloud.Disk{}, err
+		}
 	}
 	return c.WaitOperation(ctx, op.ID)
 }

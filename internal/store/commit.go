@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"runtime"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -59,6 +60,11 @@ func (s *Store) Update(fn func(tx *Tx) error) error {
 // goroutine that drains them, so no caller waits for strangers' commits.
 func (s *Store) lead(caller bool) {
 	for {
+		if s.shared.Load() {
+			// The last commit was shared: others are active, and some are
+			// about to enqueue. Let them run first, and commit them too.
+			runtime.Gosched()
+		}
 		s.cmu.Lock()
 		n := min(len(s.queue), s.opts.MaxBatch)
 		if n == 0 {
@@ -105,6 +111,7 @@ func (s *Store) commit(batch []*call) {
 		return nil
 	})
 	if err == nil {
+		s.shared.Store(len(batch) > 1)
 		if s.opts.Observe != nil {
 			s.opts.Observe(len(batch), time.Since(start))
 		}

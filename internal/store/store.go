@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -103,6 +104,8 @@ type Store struct {
 	queue   []*call
 	leading bool
 	cclosed bool
+	// shared says the last commit served more than one caller.
+	shared atomic.Bool
 
 	closeOnce sync.Once
 	closeErr  error

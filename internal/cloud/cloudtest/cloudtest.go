@@ -62,6 +62,7 @@ func Run(t *testing.T, newProvider func(t *testing.T) Provider) {
 		{"ResizeOnlyWhileDetached", testResizeOffline},
 		{"ListPages", testListPaging},
 		{"OperationResumesByID", testOperationResume},
+		{"DoneOperationsAreVisibleAtOnce", testDoneVisible},
 		{"AttachLimit", testAttachLimit},
 		{"UnknownAndMalformed", testUnknown},
 		{"CapacityAndZones", testCapacity},
@@ -291,6 +292,34 @@ func testDeleteAttached(t *testing.T, h *harness) {
 	h.do(h.c.DetachDisk(ctx(t), d.ID, "node-a"))
 	h.do(h.c.DeleteDisk(ctx(t), d.ID))
 	h.gone(d.ID)
+}
+
+// testDoneVisible: an operation reported Done has its effect visible to
+// reads before anyone waits on it (csid then skips recording its id).
+func testDoneVisible(t *testing.T, h *harness) {
+	h.addNode(cloud.Node{ID: "node-a"})
+	d := h.create("pvc-1", gib)
+	steps := []struct {
+		name  string
+		start func() (cloud.Operation, error)
+		shows func(cloud.Disk) bool
+	}{
+		{"attach", func() (cloud.Operation, error) { return h.c.AttachDisk(ctx(t), d.ID, "node-a") }, func(d cloud.Disk) bool { return d.AttachedTo == "node-a" }},
+		{"detach", func() (cloud.Operation, error) { return h.c.DetachDisk(ctx(t), d.ID, "node-a") }, func(d cloud.Disk) bool { return d.AttachedTo == "" }},
+		{"resize", func() (cloud.Operation, error) { return h.c.ResizeDisk(ctx(t), d.ID, 2*gib) }, func(d cloud.Disk) bool { return d.SizeBytes >= 2*gib }},
+	}
+	for _, s := range steps {
+		op, err := s.start()
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if op.Done && !s.shows(h.get(d.ID)) {
+			t.Fatalf("%s reported Done, but GetDisk does not show it yet: %+v", s.name, h.get(d.ID))
+		}
+		if _, err := h.c.WaitOperation(ctx(t), op.ID); err != nil {
+			t.Fatalf("wait %s: %v", s.name, err)
+		}
+	}
 }
 
 func testAttachDetachIdempotent(t *testing.T, h *harness) {

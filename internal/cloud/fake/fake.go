@@ -611,7 +611,13 @@ func (c *Cloud) start(call *Call, d *disk, o *operation) (cloud.Operation, error
 		call.Err = lost
 		return cloud.Operation{}, lost
 	}
-	return o.op, nil
+	op := o.op
+	select {
+	case <-o.done:
+		op.Done = true
+	default:
+	}
+	return op, nil
 }
 
 // complete finishes o; the caller holds c.mu.
@@ -657,7 +663,9 @@ func (c *Cloud) finishedOp(call *Call, kind cloud.OpKind, diskID, nodeID string,
 	call.End = c.opts.Now()
 	close(o.done)
 	c.retire(o.op.ID)
-	return o.op, nil
+	op := o.op
+	op.Done = true
+	return op, nil
 }
 
 // retire notes a finished operation and forgets the oldest beyond the

@@ -156,7 +156,7 @@ func (c *Cloud) locked(ctx context.Context, fn func() error) error {
 // lock. An operation that failed while running keeps its error for
 // WaitOperation; the call that started it still succeeds.
 func (c *Cloud) record(kind cloud.OpKind, id diskID, nodeID string, started time.Time, left *cloud.Disk, failed error) (cloud.Operation, error) {
-	op := cloud.Operation{ID: string(newOpID(started)), Kind: kind, DiskID: string(id), NodeID: nodeID}
+	op := cloud.Operation{ID: string(newOpID(started)), Kind: kind, DiskID: string(id), NodeID: nodeID, Done: true}
 	rec := opRecord{Op: op, Started: started, Finished: c.opts.now(), Disk: left, Error: recordErr(failed)}
 	if err := c.s.writeOp(rec); err != nil {
 		if failed != nil {
