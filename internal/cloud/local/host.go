@@ -105,16 +105,31 @@ func bindImage(ctx context.Context, img string, size int64) (string, error) {
 // Devices lists the loop devices on this machine bound to images of this
 // state directory, keyed by disk ID; see cloud.Host. It reports every such
 // device, also of disks attached to other nodes, detached or deleted: those
-// are leaks for `csid check` to show.
+// are leaks for `csid check` to show. Of a disk bound to several devices
+// (also a leak), it reports the highest-numbered.
 func (h *Host) Devices(ctx context.Context) (map[string]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	bound, err := h.c.boundDevices()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(bound))
+	for id, paths := range bound {
+		out[id] = paths[len(paths)-1]
+	}
+	return out, nil
+}
+
+// boundDevices lists the loop devices on this machine bound to images of
+// this state directory, by disk id, each disk's in device-number order.
+func (c *Cloud) boundDevices() (map[string][]string, error) {
 	all, err := loopdev.List()
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]string{}
+	out := map[string][]string{}
 	for _, dev := range all {
 		name, ok := strings.CutSuffix(filepath.Base(dev.BackingFile), imageSuffix)
 		if !ok {
@@ -124,12 +139,12 @@ func (h *Host) Devices(ctx context.Context) (map[string]string, error) {
 		if !ok {
 			continue
 		}
-		ours, err := h.c.backs(dev, id)
+		ours, err := c.backs(dev, id)
 		if err != nil {
 			return nil, err
 		}
 		if ours {
-			out[string(id)] = dev.Path
+			out[string(id)] = append(out[string(id)], dev.Path)
 		}
 	}
 	return out, nil

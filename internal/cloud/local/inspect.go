@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/csid-dev/csid/internal/cloud"
-	"github.com/csid-dev/csid/internal/loopdev"
 )
 
 // ErrNoState: a directory holds no state of the local backend.
@@ -76,29 +75,7 @@ func (i *Inspector) LoopDevices(ctx context.Context) (map[string][]string, error
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	all, err := loopdev.List()
-	if err != nil {
-		return nil, err
-	}
-	out := map[string][]string{}
-	for _, dev := range all {
-		name, ok := strings.CutSuffix(filepath.Base(dev.BackingFile), imageSuffix)
-		if !ok {
-			continue
-		}
-		id, ok := parseDiskID(name)
-		if !ok {
-			continue
-		}
-		ours, err := i.c.backs(dev, id)
-		if err != nil {
-			return nil, err
-		}
-		if ours {
-			out[string(id)] = append(out[string(id)], dev.Path)
-		}
-	}
-	return out, nil
+	return i.c.boundDevices()
 }
 
 // ImagePath is where the image of a disk id of this directory is, or ""
