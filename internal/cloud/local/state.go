@@ -267,17 +267,23 @@ func (s *state) writeDisk(d cloud.Disk) error {
 
 // diskIDs lists the ids of the disks that exist (have a record), sorted.
 func (s *state) diskIDs() ([]diskID, error) {
-	entries, err := os.ReadDir(s.disks)
+	return recordIDs(s.disks, parseDiskID)
+}
+
+// recordIDs lists, sorted, the ids of the records (<id>.json) in dir that
+// parse as ids; other files are passed over.
+func recordIDs[ID ~string](dir string, parse func(string) (ID, bool)) ([]ID, error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	var ids []diskID
+	var ids []ID
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), recSuffix)
 		if !ok {
 			continue
 		}
-		if id, ok := parseDiskID(name); ok {
+		if id, ok := parse(name); ok {
 			ids = append(ids, id)
 		}
 	}
@@ -433,21 +439,10 @@ func (s *state) readOp(id opID) (opRecord, error) {
 // not among the newest keep. Ids sort by creation time, so no record needs
 // to be read. The caller holds the lock.
 func (s *state) pruneOps(now time.Time, keep int, maxAge time.Duration) error {
-	entries, err := os.ReadDir(s.ops)
+	ids, err := recordIDs(s.ops, parseOpID)
 	if err != nil {
 		return err
 	}
-	var ids []opID
-	for _, e := range entries {
-		name, ok := strings.CutSuffix(e.Name(), recSuffix)
-		if !ok {
-			continue
-		}
-		if id, ok := parseOpID(name); ok {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
 	if len(ids) <= keep {
 		return nil
 	}
