@@ -292,27 +292,9 @@ func (c *Cloud) recordedFailure(op *cloud.Operation, kind cloud.OpKind, id diskI
 // createImage writes a sparse image of size bytes at its final name, via a
 // temporary name.
 func (c *Cloud) createImage(id diskID, size int64) error {
-	tmp, err := os.CreateTemp(c.s.disks, tmpPrefix+string(id)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // after the rename this finds nothing
-	if err := tmp.Truncate(size); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	c.s.hit("create:image-synced")
-	if err := os.Rename(tmp.Name(), c.s.imagePath(id)); err != nil {
-		return err
-	}
-	return syncDir(c.s.disks)
+	return replaceFile(c.s.disks, string(id)+imageSuffix,
+		func(f *os.File) error { return f.Truncate(size) },
+		func() { c.s.hit("create:image-synced") })
 }
 
 // DeleteDisk deletes a disk; see cloud.Cloud. The record goes first (the

@@ -471,16 +471,25 @@ func (s *state) freeBytes() (int64, error) {
 	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
-// writeFileAtomic replaces dir/name with data such that a crash leaves
-// either the old file or the new one, never a mix: write a temporary file,
-// fsync it, rename it over the old one, fsync the directory.
+// writeFileAtomic replaces dir/name with data; see replaceFile.
 func writeFileAtomic(dir, name string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, tmpPrefix+"*")
+	return replaceFile(dir, name, func(f *os.File) error {
+		_, err := f.Write(data)
+		return err
+	}, nil)
+}
+
+// replaceFile replaces dir/name with the file fill writes, such that a crash
+// leaves either the old file or the new one, never a mix: fill a temporary
+// file, fsync it, rename it over the old one, fsync the directory. synced,
+// when not nil, is called between the fsync and the rename (a crash point).
+func replaceFile(dir, name string, fill func(*os.File) error, synced func()) error {
+	tmp, err := os.CreateTemp(dir, tmpPrefix+name+"-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // after a successful rename this finds nothing
-	if _, err := tmp.Write(data); err != nil {
+	if err := fill(tmp); err != nil {
 		tmp.Close()
 		return err
 	}
@@ -490,6 +499,9 @@ func writeFileAtomic(dir, name string, data []byte) error {
 	}
 	if err := tmp.Close(); err != nil {
 		return err
+	}
+	if synced != nil {
+		synced()
 	}
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
 		return err
