@@ -210,13 +210,16 @@ func (s *state) collectGarbage() error {
 		if err != nil {
 			return err
 		}
+		names := make(map[string]bool, len(entries))
+		for _, e := range entries {
+			names[e.Name()] = true
+		}
 		for _, e := range entries {
 			name := e.Name()
 			orphan := strings.HasPrefix(name, tmpPrefix)
 			if dir == s.disks && strings.HasSuffix(name, imageSuffix) {
 				if id, ok := parseDiskID(strings.TrimSuffix(name, imageSuffix)); ok {
-					_, err := os.Stat(s.recordPath(id))
-					orphan = errors.Is(err, os.ErrNotExist)
+					orphan = !names[string(id)+recSuffix]
 				}
 			}
 			if orphan {
