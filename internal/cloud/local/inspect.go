@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/csid-dev/csid/internal/cloud"
 )
@@ -36,19 +35,14 @@ func OpenInspector(dir string) (*Inspector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local cloud %s: %w", dir, err)
 	}
-	raw, err := os.ReadFile(filepath.Join(abs, formatFile))
+	err = readFormat(abs)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%s: no %s file: %w", abs, formatFile, ErrNoState)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("local cloud %s: %w", abs, err)
 	}
-	if string(raw) != formatMagic {
-		return nil, fmt.Errorf("%s: %q is not a state directory layout this csid understands (%q)",
-			filepath.Join(abs, formatFile), strings.TrimSpace(string(raw)), strings.TrimSpace(formatMagic))
-	}
-	s := &state{dir: abs, disks: filepath.Join(abs, disksDir), ops: filepath.Join(abs, opsDir), sem: make(chan struct{}, 1)}
-	return &Inspector{c: &Cloud{s: s, opts: Options{Zone: DefaultZone}}}, nil
+	return &Inspector{c: &Cloud{s: newState(abs), opts: Options{Zone: DefaultZone}}}, nil
 }
 
 // Dir is the state directory (absolute, symlinks resolved).

@@ -384,6 +384,12 @@ func TestOpenRefusesAnotherLayout(t *testing.T) {
 	if _, err := Open(context.Background(), dir, Options{}); err == nil || !strings.Contains(err.Error(), "csid-local 9") {
 		t.Fatalf("Open of a layout-9 directory: %v, want a refusal naming it", err)
 	}
+	if _, err := OpenInspector(dir); err == nil || errors.Is(err, ErrNoState) || !strings.Contains(err.Error(), "csid-local 9") {
+		t.Fatalf("OpenInspector of a layout-9 directory: %v, want a refusal naming it", err)
+	}
+	if _, err := OpenInspector(t.TempDir()); !errors.Is(err, ErrNoState) {
+		t.Fatalf("OpenInspector of an empty directory: %v, want ErrNoState", err)
+	}
 }
 
 func TestOperationsArePruned(t *testing.T) {

@@ -122,7 +122,7 @@ func openState(dir string) (*state, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
-	s := &state{dir: abs, disks: filepath.Join(abs, disksDir), ops: filepath.Join(abs, opsDir), sem: make(chan struct{}, 1)}
+	s := newState(abs)
 	for _, d := range []string{s.disks, s.ops} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("local cloud: %w", err)
@@ -133,6 +133,12 @@ func openState(dir string) (*state, error) {
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
 	return s, nil
+}
+
+// newState is the state directory at abs (absolute, symlinks resolved). It
+// opens and creates nothing.
+func newState(abs string) *state {
+	return &state{dir: abs, disks: filepath.Join(abs, disksDir), ops: filepath.Join(abs, opsDir), sem: make(chan struct{}, 1)}
 }
 
 func (s *state) close() error {
@@ -182,11 +188,19 @@ func (s *state) lock(ctx context.Context) (unlock func(), err error) {
 // checkFormat writes the format marker of a new state directory, or checks
 // that of an existing one. The caller holds the lock.
 func (s *state) checkFormat() error {
-	path := filepath.Join(s.dir, formatFile)
-	raw, err := os.ReadFile(path)
+	err := readFormat(s.dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return writeFileAtomic(s.dir, formatFile, []byte(formatMagic))
 	}
+	return err
+}
+
+// readFormat checks the format marker of the state directory dir. A
+// missing marker is an error wrapping os.ErrNotExist; another layout
+// version is an error naming it.
+func readFormat(dir string) error {
+	path := filepath.Join(dir, formatFile)
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
