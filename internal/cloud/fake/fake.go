@@ -27,6 +27,7 @@ package fake
 import (
 	"context"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -386,7 +387,7 @@ func (c *Cloud) CreateDisk(_ context.Context, spec cloud.DiskSpec) (cloud.Operat
 	call.DiskID = id
 	d := &disk{d: cloud.Disk{
 		ID: id, Name: spec.Name, SizeBytes: size, Zone: zone,
-		Tags: cloneTags(spec.Tags), CreatedAt: c.opts.Now(),
+		Tags: maps.Clone(spec.Tags), CreatedAt: c.opts.Now(),
 	}}
 	c.disks[id] = d
 	c.names[spec.Name] = id
@@ -629,7 +630,7 @@ func (c *Cloud) complete(d *disk, o *operation) {
 		o.err = o.fail
 	} else {
 		o.disk = o.apply()
-		o.disk.Tags = cloneTags(o.disk.Tags)
+		o.disk.Tags = maps.Clone(o.disk.Tags)
 	}
 	d.pending = nil
 	o.apply, o.undo = nil, nil
@@ -657,7 +658,7 @@ func (c *Cloud) join(call *Call, o *operation) (cloud.Operation, error) {
 func (c *Cloud) finishedOp(call *Call, kind cloud.OpKind, diskID, nodeID string, left cloud.Disk) (cloud.Operation, error) {
 	o := c.newOp(kind, diskID, nodeID, "")
 	o.disk = left
-	o.disk.Tags = cloneTags(left.Tags)
+	o.disk.Tags = maps.Clone(left.Tags)
 	c.ops[o.op.ID] = o
 	call.OpID = o.op.ID
 	call.End = c.opts.Now()
@@ -700,7 +701,7 @@ func (c *Cloud) WaitOperation(ctx context.Context, opID string) (cloud.Disk, err
 	}
 	// o.disk and o.err are written before done is closed and never after.
 	d := o.disk
-	d.Tags = cloneTags(d.Tags)
+	d.Tags = maps.Clone(d.Tags)
 	return d, o.err
 }
 
@@ -719,7 +720,7 @@ func (c *Cloud) GetDisk(_ context.Context, diskID string) (cloud.Disk, error) {
 	}
 	call.End = c.opts.Now()
 	out := d.d
-	out.Tags = cloneTags(out.Tags)
+	out.Tags = maps.Clone(out.Tags)
 	return out, nil
 }
 
@@ -753,7 +754,7 @@ func (c *Cloud) ListDisks(_ context.Context, opts cloud.ListOptions) (cloud.Disk
 			break
 		}
 		d := c.disks[id].d
-		d.Tags = cloneTags(d.Tags)
+		d.Tags = maps.Clone(d.Tags)
 		page.Disks = append(page.Disks, d)
 	}
 	call.End = c.opts.Now()
@@ -856,28 +857,12 @@ func busy(d *disk) error {
 	return fmt.Errorf("disk %s is busy with %s operation %s: %w", d.d.ID, d.pending.op.Kind, d.pending.op.ID, cloud.ErrTransient)
 }
 
-func cloneTags(tags map[string]string) map[string]string {
-	if tags == nil {
-		return nil
-	}
-	out := make(map[string]string, len(tags))
-	for k, v := range tags {
-		out[k] = v
-	}
-	return out
-}
-
 // String describes the provider's state, for test failure messages.
 func (c *Cloud) String() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var b strings.Builder
-	ids := make([]string, 0, len(c.disks))
-	for id := range c.disks {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(c.disks)) {
 		d := c.disks[id]
 		fmt.Fprintf(&b, "%s name=%q size=%d attached=%q created=%v", id, d.d.Name, d.d.SizeBytes, d.d.AttachedTo, d.created)
 		if d.pending != nil {
