@@ -155,8 +155,15 @@ func (h *harness) gone(id string) {
 // listAll pages through ListDisks and returns the disk IDs in order.
 func (h *harness) listAll(pageSize int) []string {
 	h.t.Helper()
+	return h.listFrom(cloud.ListOptions{MaxResults: pageSize})
+}
+
+// listFrom pages through ListDisks from opts (its token, its page size) to
+// the end and returns the disk IDs in order.
+func (h *harness) listFrom(opts cloud.ListOptions) []string {
+	h.t.Helper()
 	var ids []string
-	opts := cloud.ListOptions{MaxResults: pageSize}
+	pageSize := opts.MaxResults
 	for range 1000 {
 		page, err := h.c.ListDisks(ctx(h.t), opts)
 		if err != nil {
@@ -420,21 +427,7 @@ func testListPaging(t *testing.T, h *harness) {
 	}
 	last := page.Disks[2].ID
 	h.do(h.c.DeleteDisk(ctx(t), last))
-	var rest []string
-	opts := cloud.ListOptions{PageToken: page.NextToken, MaxResults: 3}
-	for {
-		p, err := h.c.ListDisks(ctx(t), opts)
-		if err != nil {
-			t.Fatalf("ListDisks after deleting the token's disk: %v", err)
-		}
-		for _, d := range p.Disks {
-			rest = append(rest, d.ID)
-		}
-		if p.NextToken == "" {
-			break
-		}
-		opts.PageToken = p.NextToken
-	}
+	rest := h.listFrom(cloud.ListOptions{PageToken: page.NextToken, MaxResults: 3})
 	if !slices.Equal(rest, want[3:]) {
 		t.Fatalf("after a deleted token: %v, want %v", rest, want[3:])
 	}
