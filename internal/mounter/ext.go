@@ -25,8 +25,9 @@ const (
 )
 
 // extSize reads the size in bytes of the ext2/3/4 filesystem on device from
-// its superblock. The device must not be mounted (a mounted filesystem may
-// have newer numbers in memory).
+// its superblock. It reads through the page cache, where a mounted ext
+// filesystem keeps its superblock, so the size is current also while the
+// filesystem is mounted (GrowFilesystem relies on that).
 func extSize(device string) (int64, error) {
 	f, err := os.OpenFile(device, os.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -52,11 +53,11 @@ func extSize(device string) (int64, error) {
 	return int64(blocks) << (10 + logBlock), nil
 }
 
-// growExtOffline grows the unmounted ext2/3/4 filesystem on device to fill
-// the device, if the device is larger, and reports whether it did. resize2fs
-// insists on a freshly checked filesystem, so e2fsck -f -p runs first; it
-// repairs only what is safe to repair unattended and fails otherwise.
-func (m *Linux) growExtOffline(ctx context.Context, device string) (bool, error) {
+// extShort reports whether the ext2/3/4 filesystem on device is worth
+// growing: at least one MiB smaller than the device. resize2fs may leave
+// less than a block group's overhead unused, and a smaller remainder is not
+// worth an e2fsck or a resize2fs.
+func (m *Linux) extShort(ctx context.Context, device string) (bool, error) {
 	fsBytes, err := extSize(device)
 	if err != nil {
 		return false, err
@@ -65,10 +66,16 @@ func (m *Linux) growExtOffline(ctx context.Context, device string) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	// resize2fs may leave less than a block group's overhead unused; a
-	// remainder smaller than one MiB is not worth an e2fsck.
-	if devBytes-fsBytes < 1<<20 {
-		return false, nil
+	return devBytes-fsBytes >= 1<<20, nil
+}
+
+// growExtOffline grows the unmounted ext2/3/4 filesystem on device to fill
+// the device, if the device is larger, and reports whether it did. resize2fs
+// insists on a freshly checked filesystem, so e2fsck -f -p runs first; it
+// repairs only what is safe to repair unattended and fails otherwise.
+func (m *Linux) growExtOffline(ctx context.Context, device string) (bool, error) {
+	if short, err := m.extShort(ctx, device); err != nil || !short {
+		return false, err
 	}
 	if _, err := m.run(ctx, "e2fsck", "-f", "-p", device); err != nil {
 		// 1: errors were corrected; 2: corrected, reboot advised (for a

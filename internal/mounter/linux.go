@@ -494,16 +494,8 @@ func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, 
 		// ext4 keeps its superblock in the device's page cache, so it
 		// reads current even while mounted: skip resize2fs when there is
 		// nothing to do, and say clearly when it cannot be done here.
-		fsBytes, err := extSize(device)
-		if err != nil {
+		if short, err := m.extShort(ctx, device); err != nil || !short {
 			return false, err
-		}
-		devBytes, err := m.DeviceSize(ctx, device)
-		if err != nil {
-			return false, err
-		}
-		if devBytes-fsBytes < 1<<20 {
-			return false, nil
 		}
 		if !capable(unix.CAP_SYS_RESOURCE) {
 			return false, fmt.Errorf("grow the filesystem of %s at %s: online growth of ext4 needs CAP_SYS_RESOURCE, which this process lacks; unmount it and mount it again (FormatAndMount grows it offline)", device, path)
