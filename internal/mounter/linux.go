@@ -479,10 +479,6 @@ func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, 
 	if !same {
 		return false, fmt.Errorf("%s is not mounted from %s: %w", path, device, ErrBusy)
 	}
-	fsType, err := m.Filesystem(ctx, device)
-	if err != nil {
-		return false, err
-	}
 	var before unix.Statfs_t
 	if err := unix.Statfs(path, &before); err != nil {
 		return false, err
@@ -490,7 +486,9 @@ func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, 
 	if before.Flags&unix.ST_RDONLY != 0 {
 		return false, nil
 	}
-	if isExt(fsType) {
+	// The filesystem at path is device's (checked above), so statfs names
+	// its type; no probe of the device (ResizeFs runs blkid itself).
+	if before.Type == unix.EXT4_SUPER_MAGIC { // ext2, ext3 and ext4
 		// ext4 keeps its superblock in the device's page cache, so it
 		// reads current even while mounted: skip resize2fs when there is
 		// nothing to do, and say clearly when it cannot be done here.
