@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -38,7 +39,10 @@ import (
 // concern one device or one target (csid's engine runs one operation per
 // volume at a time).
 type Linux struct {
-	mount  mountutils.Interface
+	// mount is made on first use: making one execs umount(8) to probe its
+	// behaviour, which only mount-utils' own unmount needs, and a Linux
+	// that never mounts a filesystem (List, Unmount, binds) should not pay.
+	mount  func() mountutils.Interface
 	resize *mountutils.ResizeFs
 	run    runner
 }
@@ -57,7 +61,7 @@ func New() *Linux {
 
 func newLinux(run runner) *Linux {
 	return &Linux{
-		mount:  mountutils.NewWithoutSystemd(""),
+		mount:  sync.OnceValue(func() mountutils.Interface { return mountutils.NewWithoutSystemd("") }),
 		resize: mountutils.NewResizeFs(utilexec.New()),
 		run:    run,
 	}
@@ -160,7 +164,7 @@ func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType strin
 	if err := os.MkdirAll(target, 0o750); err != nil {
 		return err
 	}
-	if err := m.mount.Mount(device, target, fsType, options); err != nil {
+	if err := m.mount().Mount(device, target, fsType, options); err != nil {
 		return fmt.Errorf("mount %s at %s: %w", device, target, err)
 	}
 	return nil
