@@ -160,16 +160,6 @@ func readSysInt(path string) int64 {
 	return v
 }
 
-// Bound reports whether the device at path is bound, from sysfs.
-func Bound(path string) (bool, error) {
-	n, ok := loopNumber(filepath.Base(path))
-	if !ok {
-		return false, fmt.Errorf("%s is not a loop device", path)
-	}
-	_, bound, err := readSys(sysBlock, n)
-	return bound, err
-}
-
 // Backing returns the identity of the file bound to the device at path
 // (LOOP_GET_STATUS64). An unbound device is an error wrapping unix.ENXIO.
 func Backing(path string) (FileID, error) {
