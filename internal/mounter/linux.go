@@ -115,7 +115,7 @@ var mkfsArgs = map[string][]string{
 // online resize does and some container runtimes drop. xfs grows only
 // online: GrowFilesystem after the mount.
 func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error {
-	if err := validatePaths(device, target); err != nil {
+	if err := ValidatePaths(device, target); err != nil {
 		return err
 	}
 	if fsType == "" {
@@ -174,7 +174,7 @@ func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType strin
 // target already bound to source is brought to the asked read-only state
 // (a crash between the bind and the read-only step leaves it read-write).
 func (m *Linux) BindMount(ctx context.Context, source, target string, readOnly bool) error {
-	if err := validatePaths(source, target); err != nil {
+	if err := ValidatePaths(source, target); err != nil {
 		return err
 	}
 	src, err := os.Stat(source)
@@ -197,7 +197,7 @@ func (m *Linux) BindMount(ctx context.Context, source, target string, readOnly b
 // not the device: Linux lets a device node on a read-only mount be opened
 // for writing. Read-only raw block volumes need the device itself read-only.
 func (m *Linux) BindMountDevice(ctx context.Context, device, target string, readOnly bool) error {
-	if err := validatePaths(device, target); err != nil {
+	if err := ValidatePaths(device, target); err != nil {
 		return err
 	}
 	dev, err := os.Stat(device)
@@ -466,7 +466,7 @@ func (m *Linux) DeviceSize(ctx context.Context, device string) (int64, error) {
 // (false, nil). path not mounted is ErrNotMounted; mounted from another
 // device, ErrBusy.
 func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, error) {
-	if err := validatePaths(device, path); err != nil {
+	if err := ValidatePaths(device, path); err != nil {
 		return false, err
 	}
 	mounted, err := m.IsMounted(ctx, path)

@@ -34,7 +34,9 @@ func ValidatePath(path string) error {
 	return nil
 }
 
-func validatePaths(paths ...string) error {
+// ValidatePaths checks each of paths with ValidatePath and returns the first
+// error.
+func ValidatePaths(paths ...string) error {
 	for _, p := range paths {
 		if err := ValidatePath(p); err != nil {
 			return err

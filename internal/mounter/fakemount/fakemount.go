@@ -125,7 +125,7 @@ func isExt(fsType string) bool { return fsType == "ext4" || fsType == "ext3" }
 // Like the real one, it grows an ext3/ext4 filesystem smaller than its
 // device before a read-write mount.
 func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error {
-	if err := validate(device, target); err != nil {
+	if err := mounter.ValidatePaths(device, target); err != nil {
 		return err
 	}
 	if fsType == "" {
@@ -177,7 +177,7 @@ func (m *Mounter) add(target string, mt *mount) {
 // BindMount bind-mounts a directory; see mounter.Mounter. The source must
 // exist (it is checked on the real file system); the target is created.
 func (m *Mounter) BindMount(ctx context.Context, source, target string, readOnly bool) error {
-	if err := validate(source, target); err != nil {
+	if err := mounter.ValidatePaths(source, target); err != nil {
 		return err
 	}
 	fi, err := os.Stat(source)
@@ -211,7 +211,7 @@ func (m *Mounter) BindMount(ctx context.Context, source, target string, readOnly
 // BindMountDevice bind-mounts a block device on a file; see
 // mounter.Mounter. The target file is created; the device is not opened.
 func (m *Mounter) BindMountDevice(ctx context.Context, device, target string, readOnly bool) error {
-	if err := validate(device, target); err != nil {
+	if err := mounter.ValidatePaths(device, target); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -319,7 +319,7 @@ func (m *Mounter) DeviceSize(ctx context.Context, device string) (int64, error) 
 // GrowFilesystem grows the filesystem of device mounted at path to the
 // device's size; see mounter.Mounter.
 func (m *Mounter) GrowFilesystem(ctx context.Context, device, path string) (bool, error) {
-	if err := validate(device, path); err != nil {
+	if err := mounter.ValidatePaths(device, path); err != nil {
 		return false, err
 	}
 	m.mu.Lock()
@@ -427,13 +427,4 @@ func (m *Mounter) List(ctx context.Context) ([]mounter.MountPoint, error) {
 	}
 	slices.SortFunc(out, func(a, b mounter.MountPoint) int { return m.mounts[a.Path].seq - m.mounts[b.Path].seq })
 	return out, nil
-}
-
-func validate(paths ...string) error {
-	for _, p := range paths {
-		if err := mounter.ValidatePath(p); err != nil {
-			return err
-		}
-	}
-	return nil
 }
