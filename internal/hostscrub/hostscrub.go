@@ -14,9 +14,10 @@ import (
 	"github.com/csid-dev/csid/internal/mounter"
 )
 
-// Scrub unmounts every mount below dir (deepest first) and releases every
-// loop device bound to a regular file inside dir. It is best effort: it
-// reports nothing, and leaves what it cannot release.
+// Scrub unmounts every mount below dir (the latest mounted first, so that a
+// mount goes before the one it sits on) and releases every loop device
+// bound to a regular file inside dir. It is best effort: it reports
+// nothing, and leaves what it cannot release.
 func Scrub(ctx context.Context, dir string) {
 	dir = filepath.Clean(dir)
 	m := mounter.New()
