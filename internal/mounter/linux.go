@@ -30,10 +30,11 @@ import (
 // mounts and unmounts are made with mount(2), umount(2) and
 // mount_setattr(2) directly: the same result as mount(8) (a test compares
 // the mount tables) at a fraction of the cost (docs/benchmarks.md), and the
-// read-only step changes the read-only flag alone. Filesystems grow with
-// mount-utils' ResizeFs (resize2fs, xfs_growfs). The mount table is read
-// from /proc/self/mountinfo with github.com/moby/sys/mountinfo, which
-// unescapes paths with spaces.
+// read-only step changes the read-only flag alone. Mounted filesystems
+// grow with mount-utils' ResizeFs (resize2fs, xfs_growfs); an unmounted
+// ext3/ext4 grows with e2fsck and resize2fs before FormatAndMount mounts
+// it. The mount table is read from /proc/self/mountinfo with
+// github.com/moby/sys/mountinfo, which unescapes paths with spaces.
 //
 // A Linux is safe for concurrent use; callers serialise the calls that
 // concern one device or one target (csid's engine runs one operation per
