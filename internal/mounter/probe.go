@@ -82,7 +82,7 @@ func readable(device string) error {
 	if err != nil {
 		return err
 	}
-	if fi.Mode()&os.ModeDevice == 0 || fi.Mode()&os.ModeCharDevice != 0 {
+	if !isBlock(fi) {
 		return fmt.Errorf("not a block device (%s)", fi.Mode().Type())
 	}
 	size, err := f.Seek(0, io.SeekEnd)
