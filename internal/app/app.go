@@ -2,8 +2,8 @@
 // host, the mounter, the executors, the operation engine and the CSI
 // driver on its gRPC socket. It owns the order of start-up (lock the state,
 // take the socket, answer Identity at once, resume ops, then report ready)
-// and of shutdown (not ready, stop gRPC gracefully within a bound, drain the
-// workers to a safe point, close the store last).
+// and of shutdown (stop gRPC gracefully within a bound, then not ready: drain
+// the workers to a safe point, close the store last).
 package app
 
 import (
@@ -205,10 +205,10 @@ func Run(ctx context.Context, o Options) error {
 	return shutdown(log, srv, eng, o.ShutdownTimeout, served)
 }
 
-// shutdown stops in order: not ready (the engine refuses new requests),
-// gRPC stops gracefully within the timeout (then hard: handlers still
-// waiting return Aborted, their ops go on), the workers drain to a safe
-// point, and the caller closes the store last.
+// shutdown stops in order: gRPC stops gracefully within the timeout (no
+// new RPCs; then hard: handlers still waiting return Aborted, their ops go
+// on), then the engine reports not ready, refuses new requests and drains
+// its workers to a safe point, and the caller closes the store last.
 func shutdown(log zerolog.Logger, srv *grpc.Server, eng *ops.Engine, timeout time.Duration, served <-chan error) error {
 	log.Info().Msg("shutting down")
 	done := make(chan struct{})
