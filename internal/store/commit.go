@@ -22,10 +22,13 @@ type call struct {
 // Concurrent callers share transactions (group commit with a leader): a
 // caller that finds no commit in progress becomes the leader and commits,
 // on its own goroutine, every call waiting at that moment, its own
-// included; callers that arrive during that commit wait, and the next of
-// them to lead commits them together. A caller alone is committed at once,
-// without waiting for company and without handing off to another goroutine;
-// N callers arriving together pay for one fsync.
+// included; callers that arrive during that commit wait, and a goroutine
+// the leader starts after its commit commits them together, batch after
+// batch, until none waits. A caller alone is committed at once, without
+// waiting for company and without handing off to another goroutine (a
+// leader yields the processor once first only when the previous commit was
+// shared, so that callers about to enqueue join it); N callers arriving
+// together pay for one fsync.
 //
 // The contract is that of bbolt's Batch: fn may run more than once (when
 // another fn in its transaction fails, the others are run again without
