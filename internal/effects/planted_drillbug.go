@@ -2,8 +2,8 @@
 
 package effects
 
-// plantedBug makes the create executor non-idempotent: it ignores the cloud
-// operation it recorded and creates a disk under a fresh name on every run,
-// so a crash after the cloud created the disk leaks it. Only the drill's
+// plantedBug makes the create executor non-idempotent: it neither records
+// nor looks for a cloud operation, and creates a disk under a fresh name on
+// every run, so a crash after the cloud created the disk leaks it. Only the drill's
 // test builds this (go build -tags drillbug); never a release.
 const plantedBug = true
