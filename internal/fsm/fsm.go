@@ -119,7 +119,8 @@ var table = []row{
 
 // inverses pairs each forward event with the event that undoes it. A failed
 // forward operation is compensated by its inverse's effect, and an inverse
-// that arrives while its forward event is in flight cancels it.
+// other than delete that arrives while its forward event is in flight
+// cancels it (internal/ops decides which).
 var inverses = map[Event]Event{
 	Create:            Delete,
 	ControllerPublish: ControllerUnpublish,
