@@ -45,19 +45,6 @@ const checkExample = `  # the all-in-one csid in ./csid-data
   # a stopped csid, for tools
   csid check --db /var/lib/csid/node.db --state-dir /var/lib/csid -o json`
 
-// findingsError is the error of a check that found something: exit 1.
-type findingsError struct{ n int }
-
-func (e findingsError) Error() string {
-	if e.n == 1 {
-		return "check found 1 problem"
-	}
-	return fmt.Sprintf("check found %d problems", e.n)
-}
-
-// ExitCode is 1: something was found.
-func (e findingsError) ExitCode() int { return 1 }
-
 // checkDoc is csid check's document (-o json, -o yaml).
 type checkDoc struct {
 	// Records are the csid records compared: {name, mode}.
@@ -172,7 +159,8 @@ func newCheck() *cobra.Command {
 				return err
 			}
 			if !doc.Clean() {
-				return findingsError{len(doc.Findings)}
+				// An error: exit 1.
+				return errors.New("check found " + count(len(doc.Findings), "problem"))
 			}
 			return nil
 		},

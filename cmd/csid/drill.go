@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,12 +14,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 )
-
-// failed is an error with exit code 1 whose message has been printed.
-type failed struct{ msg string }
-
-func (f failed) Error() string { return f.msg }
-func (failed) ExitCode() int   { return 1 }
 
 func newDrill() *cobra.Command {
 	var cfg drill.Config
@@ -79,7 +74,7 @@ everything else is removed, also on Ctrl-C. Exit status 1 on any failure.`,
 				return fmt.Errorf("-o %q: table or json", output)
 			}
 			if !rep.OK() {
-				return failed{"the drill failed: " + rep.Summary()}
+				return errors.New("the drill failed: " + rep.Summary())
 			}
 			return nil
 		},

@@ -12,7 +12,8 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// run builds the command tree and runs it; it returns the exit code.
+// run builds the command tree and runs it; it returns the exit code: 1 for
+// any error (csid check: also when it finds anything), else 0.
 func run(ctx context.Context, args []string) int { return runIO(ctx, args, os.Stdout, os.Stderr) }
 
 // runIO is run with the command's output and errors going to stdout and
@@ -24,28 +25,9 @@ func runIO(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "csid:", err)
-		var ec exitCoder
-		if asExitCoder(err, &ec) {
-			return ec.ExitCode()
-		}
 		return 1
 	}
 	return 0
-}
-
-// exitCoder is an error that carries its exit code (csid check: 1 when it
-// finds anything).
-type exitCoder interface {
-	error
-	ExitCode() int
-}
-
-func asExitCoder(err error, target *exitCoder) bool {
-	ec, ok := err.(exitCoder)
-	if ok {
-		*target = ec
-	}
-	return ok
 }
 
 func newRoot() *cobra.Command {
