@@ -12,7 +12,6 @@ import (
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/drill"
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 )
 
 func newDrill() *cobra.Command {
@@ -44,7 +43,7 @@ everything else is removed, also on Ctrl-C. Exit status 1 on any failure.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Binary = binary
-			if terminal(os.Stderr) && output == "table" {
+			if isTerminal(os.Stderr) && output == "table" {
 				cfg.Progress = progressBar(cmd.ErrOrStderr())
 			}
 			rep, err := drill.Run(cmd.Context(), cfg)
@@ -112,12 +111,6 @@ func pointNames() string {
 	}
 	slices.Sort(n)
 	return strings.Join(n, ", ")
-}
-
-// terminal reports whether f is a terminal.
-func terminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
 }
 
 // progressBar draws one line that it rewrites as cells start.
