@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,8 +41,11 @@ everything else is removed, also on Ctrl-C. Exit status 1 on any failure.`,
   kubectl exec -n csid ds/csid-node -c csid -- csid drill --dir /var/lib/csid`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != outTable && output != outJSON {
+				return fmt.Errorf("-o %q: table or json", output)
+			}
 			cfg.Binary = binary
-			if isTerminal(os.Stderr) && output == "table" {
+			if isTerminal(os.Stderr) && output == outTable {
 				cfg.Progress = progressBar(cmd.ErrOrStderr())
 			}
 			rep, err := drill.Run(cmd.Context(), cfg)
@@ -52,13 +54,11 @@ everything else is removed, also on Ctrl-C. Exit status 1 on any failure.`,
 			}
 			out := cmd.OutOrStdout()
 			switch output {
-			case "json":
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
+			case outJSON:
+				if err := encodeJSON(out, rep); err != nil {
 					return err
 				}
-			case "table":
+			case outTable:
 				if err := rep.Table(out); err != nil {
 					return err
 				}
@@ -69,8 +69,6 @@ everything else is removed, also on Ctrl-C. Exit status 1 on any failure.`,
 					}
 				}
 				fmt.Fprintln(out, rep.Summary())
-			default:
-				return fmt.Errorf("-o %q: table or json", output)
 			}
 			if !rep.OK() {
 				return errors.New("the drill failed: " + rep.Summary())
@@ -84,7 +82,7 @@ everything else is removed, also on Ctrl-C. Exit status 1 on any failure.`,
 	f.BoolVar(&cfg.FirstHitOnly, "first-hit-only", false, "kill at the first hit of each point only, not at every hit")
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the state dirs of passing cases too")
 	f.StringVar(&cfg.Dir, "dir", "", "where to make the temporary state dirs (default the system temp dir; keep it short)")
-	f.StringVarP(&output, "output", "o", "table", "output: table or json")
+	f.StringVarP(&output, "output", "o", outTable, "output: table or json")
 	f.StringVar(&binary, "binary", "", "the csid binary to drill (default: this one)")
 	_ = f.MarkHidden("binary")
 	_ = cmd.RegisterFlagCompletionFunc("scenarios", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
