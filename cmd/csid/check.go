@@ -107,10 +107,8 @@ func newCheck() *cobra.Command {
 			for _, src := range srcs {
 				s.Records = append(s.Records, check.RecordSource{Name: src.what, Mode: string(src.mode), Source: src})
 				doc.Records = append(doc.Records, check.Store{Name: src.what, Mode: string(src.mode)})
-				if src.mode != driver.ModeController {
-					if info, err := src.Info(ctx); err == nil && info.NodeID != "" {
-						nodes = append(nodes, info.NodeID)
-					}
+				if src.mode != driver.ModeController && src.info.NodeID != "" {
+					nodes = append(nodes, src.info.NodeID)
 				}
 			}
 			insp, err := local.OpenInspector(stateDir)

@@ -31,7 +31,9 @@ type source struct {
 	// what names it for people: "csid (node) at /var/lib/csid/admin-node.sock".
 	what string
 	// mode is the csid mode it holds records of ("" when unknown).
-	mode  driver.Mode
+	mode driver.Mode
+	// info is what the source's Info answered when it was opened.
+	info  view.Info
 	close func() error
 }
 
@@ -46,7 +48,7 @@ func openSocket(ctx context.Context, path string) (*source, error) {
 		return nil, err
 	}
 	return &source{Source: c, what: fmt.Sprintf("csid (%s, pid %d) at %s", info.Mode, info.PID, path),
-		mode: driver.Mode(info.Mode), close: c.Close}, nil
+		mode: driver.Mode(info.Mode), info: info, close: c.Close}, nil
 }
 
 // modeOfFile guesses the mode of a state file from its name (app.StateFile).
@@ -78,7 +80,7 @@ func openDB(path, command string) (*source, error) {
 	m := modeOfFile(path)
 	info := view.Info{Mode: string(m), StateFile: path, Schema: store.SchemaVersion}
 	return &source{Source: view.NewStoreSource(st, info), what: fmt.Sprintf("state file %s (read-only)", path),
-		mode: m, close: st.Close}, nil
+		mode: m, info: info, close: st.Close}, nil
 }
 
 // found is a csid answering on one of a state directory's admin sockets.
