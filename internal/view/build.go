@@ -55,47 +55,37 @@ func NewStoreSource(r Reader, info Info) *StoreSource {
 func (s *StoreSource) Info(ctx context.Context) (Info, error) { return s.info, ctx.Err() }
 
 // Volumes lists volumes; see Source.
-func (s *StoreSource) Volumes(ctx context.Context, f VolumeFilter) (out VolumeList, err error) {
-	if err := ctx.Err(); err != nil {
-		return out, err
-	}
-	err = s.r.View(func(tx *store.Tx) error { out, err = ListVolumes(tx, f); return err })
-	return out, err
+func (s *StoreSource) Volumes(ctx context.Context, f VolumeFilter) (VolumeList, error) {
+	return read(ctx, s.r, func(tx *store.Tx) (VolumeList, error) { return ListVolumes(tx, f) })
 }
 
 // Volume returns one volume; see Source.
-func (s *StoreSource) Volume(ctx context.Context, id string) (out Volume, err error) {
-	if err := ctx.Err(); err != nil {
-		return out, err
-	}
-	err = s.r.View(func(tx *store.Tx) error { out, err = GetVolume(tx, id); return err })
-	return out, err
+func (s *StoreSource) Volume(ctx context.Context, id string) (Volume, error) {
+	return read(ctx, s.r, func(tx *store.Tx) (Volume, error) { return GetVolume(tx, id) })
 }
 
 // Ops lists ops; see Source.
-func (s *StoreSource) Ops(ctx context.Context, f OpFilter) (out OpList, err error) {
-	if err := ctx.Err(); err != nil {
-		return out, err
-	}
-	err = s.r.View(func(tx *store.Tx) error { out, err = ListOps(tx, f); return err })
-	return out, err
+func (s *StoreSource) Ops(ctx context.Context, f OpFilter) (OpList, error) {
+	return read(ctx, s.r, func(tx *store.Tx) (OpList, error) { return ListOps(tx, f) })
 }
 
 // Op returns one op; see Source.
-func (s *StoreSource) Op(ctx context.Context, seq uint64) (out Op, err error) {
-	if err := ctx.Err(); err != nil {
-		return out, err
-	}
-	err = s.r.View(func(tx *store.Tx) error { out, err = GetOp(tx, seq); return err })
-	return out, err
+func (s *StoreSource) Op(ctx context.Context, seq uint64) (Op, error) {
+	return read(ctx, s.r, func(tx *store.Tx) (Op, error) { return GetOp(tx, seq) })
 }
 
 // Resizes lists resizes; see Source.
-func (s *StoreSource) Resizes(ctx context.Context) (out ResizeList, err error) {
+func (s *StoreSource) Resizes(ctx context.Context) (ResizeList, error) {
+	return read(ctx, s.r, ListResizes)
+}
+
+// read builds a view in one read-only transaction of r, unless ctx has
+// ended already.
+func read[T any](ctx context.Context, r Reader, build func(tx *store.Tx) (T, error)) (out T, err error) {
 	if err := ctx.Err(); err != nil {
 		return out, err
 	}
-	err = s.r.View(func(tx *store.Tx) error { out, err = ListResizes(tx); return err })
+	err = r.View(func(tx *store.Tx) error { out, err = build(tx); return err })
 	return out, err
 }
 
