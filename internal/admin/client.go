@@ -48,9 +48,6 @@ func NewClient(path string, timeout time.Duration) *Client {
 	return &Client{socket: path, hc: &http.Client{Transport: tr, Timeout: timeout}}
 }
 
-// Socket is the socket the client reads.
-func (c *Client) Socket() string { return c.socket }
-
 // Close releases the client's idle connection.
 func (c *Client) Close() error {
 	c.hc.CloseIdleConnections()
