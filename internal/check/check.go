@@ -23,7 +23,9 @@ package check
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -217,7 +219,7 @@ func Compare(in Input) Report {
 	c.mounts()
 	if len(c.skip) > 0 {
 		var parts []string
-		for _, id := range sortedKeys(c.skip) {
+		for _, id := range slices.Sorted(maps.Keys(c.skip)) {
 			parts = append(parts, id+" ("+c.skip[id]+")")
 		}
 		c.note("left out, as their records, disks and mounts may be between two states: " + strings.Join(parts, ", "))
@@ -303,7 +305,7 @@ func (c *comparison) disks() {
 			c.add(attachmentMissing(v, d))
 		}
 	}
-	for _, id := range sortedKeys(c.ctrl) {
+	for _, id := range slices.Sorted(maps.Keys(c.ctrl)) {
 		v := c.ctrl[id]
 		if v.DiskID == "" || v.State == fsm.Absent || c.skipped(v.ID) {
 			continue
@@ -326,7 +328,7 @@ func (c *comparison) devices() {
 	for _, d := range c.in.Disks {
 		disks[d.ID] = d
 	}
-	for _, diskID := range sortedKeys(c.in.Devices) {
+	for _, diskID := range slices.Sorted(maps.Keys(c.in.Devices)) {
 		recs := c.all[diskID]
 		var ids []string
 		accounted := false
@@ -429,7 +431,7 @@ func (c *comparison) mounts() {
 	c.out.Checked.Mounts = csidMounts
 
 	var unseen []string
-	for _, p := range sortedKeys(recorded) {
+	for _, p := range slices.Sorted(maps.Keys(recorded)) {
 		if _, ok := mounted[p]; ok {
 			continue
 		}
@@ -480,7 +482,7 @@ func pendingPaths(op *view.Op) []string {
 		TargetPath  string `json:"targetPath"`
 		VolumePath  string `json:"volumePath"`
 	}
-	if err := jsonUnmarshal(op.Args, &a); err != nil {
+	if err := json.Unmarshal(op.Args, &a); err != nil {
 		return nil
 	}
 	var out []string
@@ -490,15 +492,6 @@ func pendingPaths(op *view.Op) []string {
 		}
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // Changed returns the volumes whose records differ between two readings of

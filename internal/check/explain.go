@@ -1,15 +1,12 @@
 package check
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/view"
 )
-
-func jsonUnmarshal(raw []byte, v any) error { return json.Unmarshal(raw, v) }
 
 // pvLookup is how an operator finds the PV of a volume id.
 func pvLookup(volumeID string) string {
