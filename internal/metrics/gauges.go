@@ -39,6 +39,8 @@ var (
 		"Time since the oldest entry of the resize queue was first queued; 0 when the queue is empty.", nil, nil)
 	storeSizeDesc = prometheus.NewDesc("csid_store_size_bytes",
 		"Size of the state file.", nil, nil)
+
+	gaugeDescs = []*prometheus.Desc{volumesDesc, activeDesc, resizeDepthDesc, resizeAgeDesc, storeSizeDesc}
 )
 
 // gauges reads the store's gauges on each scrape, in one read transaction
@@ -50,7 +52,7 @@ type gauges struct {
 }
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{volumesDesc, activeDesc, resizeDepthDesc, resizeAgeDesc, storeSizeDesc} {
+	for _, d := range gaugeDescs {
 		ch <- d
 	}
 }
@@ -59,7 +61,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	s, err := g.src.Snapshot()
 	if err != nil {
 		err = fmt.Errorf("read the state file for metrics: %w", err)
-		for _, d := range []*prometheus.Desc{volumesDesc, activeDesc, resizeDepthDesc, resizeAgeDesc, storeSizeDesc} {
+		for _, d := range gaugeDescs {
 			ch <- prometheus.NewInvalidMetric(d, err)
 		}
 		return
