@@ -51,7 +51,8 @@ type Options struct {
 	Version string
 	// Mode is all, controller or node.
 	Mode string
-	// Log receives errors of scrapes (a store that cannot be read).
+	// Log receives errors of scrapes (a store that cannot be read); the
+	// caller names the component (csid serve's is "metrics").
 	Log zerolog.Logger
 }
 
@@ -173,5 +174,5 @@ func (m *Metrics) StoreCommitted(batch int, took time.Duration) {
 type errorLog struct{ log zerolog.Logger }
 
 func (l errorLog) Println(v ...any) {
-	l.log.Error().Str("component", "metrics").Msg(strings.TrimSpace(fmt.Sprintln(v...)))
+	l.log.Error().Msg(strings.TrimSpace(fmt.Sprintln(v...)))
 }
