@@ -138,7 +138,7 @@ func (c *Config) defaults() error {
 	}
 	for _, p := range c.Phases {
 		if !slices.Contains(Phases, p) {
-			return fmt.Errorf("unknown phase %q (%s)", p, joinPhases(Phases))
+			return fmt.Errorf("unknown phase %q (%s)", p, strings.Join(phaseNames(Phases), ", "))
 		}
 	}
 	if len(c.Concurrency) == 0 {
@@ -192,14 +192,6 @@ func (c *Config) defaults() error {
 		c.JournalDir = filepath.Join(dir, "csid-bench")
 	}
 	return nil
-}
-
-func joinPhases(ps []Phase) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = string(p)
-	}
-	return strings.Join(s, ", ")
 }
 
 // caps is what the driver advertises, as far as the bench cares.
