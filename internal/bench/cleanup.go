@@ -78,19 +78,23 @@ func (r *runner) recoverDeadRuns(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// One listing serves every dead run: tearing down one run's volumes
+	// does not touch another's.
+	listed := map[string]bool{}
+	if len(runs) > 0 && r.caps.list {
+		ids, err := r.listIDs(ctx)
+		if err != nil {
+			for _, d := range runs {
+				d.f.Close()
+			}
+			return err
+		}
+		for _, id := range ids {
+			listed[id] = true
+		}
+	}
 	var errs []error
 	for _, d := range runs {
-		listed := map[string]bool{}
-		if r.caps.list {
-			ids, err := r.listIDs(ctx)
-			if err != nil {
-				d.f.Close()
-				return err
-			}
-			for _, id := range ids {
-				listed[id] = true
-			}
-		}
 		var vols []*volume
 		for _, v := range d.volumes {
 			if v.id != "" && r.caps.list && !listed[v.id] {
