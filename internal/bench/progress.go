@@ -73,7 +73,7 @@ func (p *progress) step() {
 	}
 }
 
-// end draws the final state of the line and clears it.
+// end stops the redrawing and clears the line.
 func (p *progress) end() {
 	if p == nil {
 		return
