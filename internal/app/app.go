@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -119,34 +120,26 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	execs := map[fsm.Event]ops.Executor{}
-	var adopt ops.Adopter
-	var node *effects.Node
 	if o.Mode != driver.ModeNode {
-		for e, x := range (&effects.Controller{Cloud: p.cloud}).Executors() {
-			execs[e] = x
-		}
+		maps.Copy(execs, (&effects.Controller{Cloud: p.cloud}).Executors())
 	}
+	// The node side: the engine's node, its executors, and how it adopts
+	// and verifies what the host has.
+	var nodeID string
+	var adopt ops.Adopter
+	var verify ops.Verifier
 	if o.Mode != driver.ModeController {
 		if reg, ok := p.cloud.(cloud.Registrar); ok {
 			if err := reg.RegisterNode(ctx, cloud.Node{ID: o.NodeID, Zone: p.zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil {
 				return fmt.Errorf("register node %s: %w", o.NodeID, err)
 			}
 		}
-		node = &effects.Node{Host: p.host, Mounter: p.mounter}
-		for e, x := range node.Executors() {
-			execs[e] = x
-		}
+		node := &effects.Node{Host: p.host, Mounter: p.mounter}
+		maps.Copy(execs, node.Executors())
 		if o.Mode == driver.ModeNode {
 			adopt = node.Adopt
 		}
-	}
-	nodeID := ""
-	if o.Mode != driver.ModeController {
-		nodeID = o.NodeID
-	}
-	var verify ops.Verifier
-	if o.Mode != driver.ModeController {
-		verify = p.mounter.IsMounted
+		nodeID, verify = o.NodeID, p.mounter.IsMounted
 	}
 	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Verify: verify, Workers: o.Workers,
 		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger(), Observer: ob.opsObserver()})
