@@ -254,7 +254,7 @@ func newProvider(ctx context.Context, o Options) (*provider, error) {
 		for kind, d := range o.FakeLatency {
 			c.SetLatency(kind, d)
 		}
-		if err := c.AddNode(cloud.Node{ID: o.NodeID, Zone: zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil && !errors.Is(err, cloud.ErrAlreadyExists) {
+		if err := c.AddNode(cloud.Node{ID: o.NodeID, Zone: zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil {
 			return nil, err
 		}
 		m := fakemount.New()
