@@ -10,6 +10,7 @@ import (
 
 	"github.com/csid-dev/csid/internal/check"
 	"github.com/csid-dev/csid/internal/cloud/local"
+	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/hostscrub"
 	"github.com/csid-dev/csid/internal/mounter"
@@ -27,6 +28,7 @@ func verify(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
+	defer st.Close()
 	err = st.View(func(tx *store.Tx) error {
 		active, err := tx.ActiveOps()
 		if err != nil {
@@ -57,60 +59,39 @@ func verify(ctx context.Context, dir string) error {
 		checkOps(ops, add)
 		return nil
 	})
-	st.Close()
 	if err != nil {
 		return err
 	}
 
 	// Leaks: what csid check would report, on the stopped driver's state
 	// file, the local cloud and the host.
-	rep, err := leaks(ctx, dir)
+	insp, err := local.OpenInspector(dir)
 	if err != nil {
 		return err
 	}
-	for _, f := range rep.Findings {
+	in, err := check.Gather(ctx, check.Sources{
+		Records:     []check.RecordSource{{Name: "csid.db", Mode: string(driver.ModeAll), Source: view.NewStoreSource(st, view.Info{Mode: string(driver.ModeAll)})}},
+		Cloud:       insp,
+		Mounts:      mounter.New(),
+		HostNodes:   []string{NodeID},
+		DriverName:  driver.DefaultName,
+		KubeletRoot: filepath.Join(dir, "kubelet"),
+	})
+	if err != nil {
+		return err
+	}
+	for _, f := range check.Compare(in).Findings {
 		add("%s: %s", f.Kind, f.Problem)
 	}
 	// And since the scenario brought everything down, nothing at all may be
 	// left in the cloud, even what a record would explain.
-	if in, err := local.OpenInspector(dir); err == nil {
-		disks, err := in.Disks(ctx)
-		if err != nil {
-			return err
-		}
-		for _, d := range disks {
-			add("disk %s (%s) is left in the cloud, attached to %q", d.ID, d.Name, d.AttachedTo)
-		}
+	for _, d := range in.Disks {
+		add("disk %s (%s) is left in the cloud, attached to %q", d.ID, d.Name, d.AttachedTo)
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-// leaks runs csid check's comparison on a cell's state dir.
-func leaks(ctx context.Context, dir string) (check.Report, error) {
-	st, err := store.OpenReadOnly(filepath.Join(dir, "csid.db"), store.Options{})
-	if err != nil {
-		return check.Report{}, err
-	}
-	defer st.Close()
-	insp, err := local.OpenInspector(dir)
-	if err != nil {
-		return check.Report{}, err
-	}
-	in, err := check.Gather(ctx, check.Sources{
-		Records:     []check.RecordSource{{Name: "csid.db", Mode: "all", Source: view.NewStoreSource(st, view.Info{Mode: "all"})}},
-		Cloud:       insp,
-		Mounts:      mounter.New(),
-		HostNodes:   []string{NodeID},
-		DriverName:  "csid.csi.dev",
-		KubeletRoot: filepath.Join(dir, "kubelet"),
-	})
-	if err != nil {
-		return check.Report{}, err
-	}
-	return check.Compare(in), nil
 }
 
 // checkOps checks the ops of every volume, oldest first: each succeeded and
