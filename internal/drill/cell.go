@@ -10,6 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/crash"
+	"github.com/csid-dev/csid/internal/driver"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -117,7 +118,7 @@ func (c *cell) call(ctx context.Context, name string, want codes.Code, fn func(c
 
 // Kubelet-like paths of a volume's staging and target.
 func (c *cell) stagePath(name string) string {
-	return filepath.Join(c.dir, "kubelet/plugins/kubernetes.io/csi", "csid.csi.dev", name, "globalmount")
+	return filepath.Join(c.dir, "kubelet/plugins/kubernetes.io/csi", driver.DefaultName, name, "globalmount")
 }
 
 func (c *cell) targetPath(name string) string {
