@@ -22,6 +22,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csid-dev/csid/internal/driver"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -33,9 +34,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// defaultDriverName is the default of `csid serve --driver-name`. cmd/csid
-// has no exported constant for it yet; when it has, compare with that.
-const defaultDriverName = "csid.csi.dev"
+// defaultDriverName is the default of `csid serve --driver-name`.
+const defaultDriverName = driver.DefaultName
 
 const (
 	namespace      = "csid"
