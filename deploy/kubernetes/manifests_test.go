@@ -361,7 +361,7 @@ func checkPodSpec(r reporter, where string, spec *corev1.PodSpec, claimVolumes m
 		at := where + ": container " + c.Name
 		checkImage(r, at, c.Image)
 		checkResources(r, at, c.Resources)
-		privileged := c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged
+		privileged := isPrivileged(c)
 		if privileged && c.SecurityContext.AllowPrivilegeEscalation != nil && !*c.SecurityContext.AllowPrivilegeEscalation {
 			r.Errorf("%s: privileged with allowPrivilegeEscalation false (the API server rejects this)", at)
 		}
