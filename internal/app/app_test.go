@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/hostscrub"
 	"github.com/rs/zerolog"
@@ -24,7 +25,7 @@ type instance struct {
 
 // startCSID runs app.Run with o (filling in the state dir and endpoint when
 // empty) and waits until it answers ready. It stops at the end of the test.
-func startCSID(t testing.TB, o Options) *instance {
+func startCSID(t testing.TB, o app.Options) *instance {
 	t.Helper()
 	if o.StateDir == "" {
 		o.StateDir = shortTempDir(t)
@@ -45,7 +46,7 @@ func startCSID(t testing.TB, o Options) *instance {
 	o.Ready = ready
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &instance{dir: o.StateDir, socket: strings.TrimPrefix(o.Endpoint, "unix://"), cancel: cancel, stopped: make(chan error, 1)}
-	go func() { in.stopped <- Run(ctx, o) }()
+	go func() { in.stopped <- app.Run(ctx, o) }()
 	select {
 	case <-ready:
 	case err := <-in.stopped:

@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/bench"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
@@ -55,7 +56,7 @@ func TestBenchAgainstFake(t *testing.T) {
 // no loop device or mount of the state dir is left.
 func TestBenchAgainstLocal(t *testing.T) {
 	testutil.RequireRoot(t)
-	in := startCSID(t, Options{Cloud: "local", Log: zerolog.Nop()})
+	in := startCSID(t, app.Options{Cloud: "local", Log: zerolog.Nop()})
 	c := dial(t, in.socket)
 	cfg := benchConfig(t, in)
 	cfg.Concurrency, cfg.Count, cfg.Existing, cfg.Rounds = []int{2}, 2, 3, 1

@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/rs/zerolog"
@@ -36,7 +37,7 @@ func TestIdempotency(t *testing.T) {
 	// A private tmpfs: GetCapacity reports the free space of the state
 	// dir's file system, which must change only with what this test does.
 	dir := tmpfsDir(t)
-	in := startCSID(t, Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	in := startCSID(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
 	h := newHostView(t, dir)
 	c := newClients(dialConn(t, in.socket))
 

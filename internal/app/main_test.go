@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/rs/zerolog"
@@ -50,7 +51,7 @@ func childMain(raw string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	err := Run(ctx, Options{Mode: co.Mode, Endpoint: co.Endpoint, StateDir: co.StateDir, Cloud: co.Cloud, NodeID: co.NodeID,
+	err := app.Run(ctx, app.Options{Mode: co.Mode, Endpoint: co.Endpoint, StateDir: co.StateDir, Cloud: co.Cloud, NodeID: co.NodeID,
 		Log: zerolog.New(os.Stderr).Level(zerolog.InfoLevel)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "csid:", err)

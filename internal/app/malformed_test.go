@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/testutil"
@@ -46,7 +47,7 @@ type malformed struct {
 // exists.
 func TestMalformedRequests(t *testing.T) {
 	testutil.RequireRoot(t)
-	in := startCSID(t, Options{Cloud: "local", Log: zerolog.Nop()})
+	in := startCSID(t, app.Options{Cloud: "local", Log: zerolog.Nop()})
 	h := newHostView(t, in.dir)
 	conn := dialConn(t, in.socket)
 	c := newClients(conn)

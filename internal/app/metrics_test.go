@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 	"github.com/csid-dev/csid/internal/fsm"
@@ -34,7 +35,7 @@ func startObserved(t *testing.T, f *fake.Cloud) (client, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := startCSID(t, Options{Cloud: "fake", Fake: f, MetricsListener: lis, Log: zerolog.Nop()})
+	in := startCSID(t, app.Options{Cloud: "fake", Fake: f, MetricsListener: lis, Log: zerolog.Nop()})
 	return dial(t, in.socket), "http://" + lis.Addr().String()
 }
 

@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/admin"
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
@@ -38,13 +39,13 @@ func startSplit(t *testing.T, dir string) *split {
 
 func (s *split) startController(t *testing.T) {
 	t.Helper()
-	s.controller = startCSID(t, Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeController, Endpoint: "unix://" + s.dir + "/controller.sock", Log: zerolog.Nop()})
+	s.controller = startCSID(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeController, Endpoint: "unix://" + s.dir + "/controller.sock", Log: zerolog.Nop()})
 	s.c = dial(t, s.controller.socket)
 }
 
 func (s *split) startNode(t *testing.T) {
 	t.Helper()
-	s.node = startCSID(t, Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1", Endpoint: "unix://" + s.dir + "/node.sock", Log: zerolog.Nop()})
+	s.node = startCSID(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1", Endpoint: "unix://" + s.dir + "/node.sock", Log: zerolog.Nop()})
 	s.n = dial(t, s.node.socket)
 }
 
@@ -85,7 +86,7 @@ func useVolume(t *testing.T, c, n client, name, stage string, targets []string) 
 // as `csid inspect volumes` does: id, name, state, disk, capacity and node.
 func inspectVolumes(t *testing.T, dir string) []string {
 	t.Helper()
-	c := admin.NewClient(AdminSocketPath(dir, driver.ModeController), 5*time.Second)
+	c := admin.NewClient(app.AdminSocketPath(dir, driver.ModeController), 5*time.Second)
 	defer c.Close()
 	list, err := c.Volumes(context.Background(), view.VolumeFilter{})
 	if err != nil {
@@ -134,7 +135,7 @@ func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 	inspectBefore := inspectVolumes(t, dir)
 
 	s.controller.stop(t)
-	if err := os.Remove(StateFile(dir, driver.ModeController)); err != nil {
+	if err := os.Remove(app.StateFile(dir, driver.ModeController)); err != nil {
 		t.Fatal(err)
 	}
 	s.startController(t)
@@ -190,7 +191,7 @@ func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 	}
 
 	s.node.stop(t)
-	if err := os.Remove(StateFile(dir, driver.ModeNode)); err != nil {
+	if err := os.Remove(app.StateFile(dir, driver.ModeNode)); err != nil {
 		t.Fatal(err)
 	}
 	s.startNode(t)
@@ -225,7 +226,7 @@ func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := shortTempDir(t)
-	in := startCSID(t, Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	in := startCSID(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
 	c := dial(t, in.socket)
 	ctx := context.Background()
 	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
@@ -240,7 +241,7 @@ func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	in = startCSID(t, Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	in = startCSID(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
 	c = dial(t, in.socket)
 	vc := mountCap("ext4")
 	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).must(t)
@@ -268,7 +269,7 @@ func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
 func TestRepeatedStageRemountsWhatVanishedWhileRunning(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := shortTempDir(t)
-	in := startCSID(t, Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	in := startCSID(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
 	c := dial(t, in.socket)
 	ctx := context.Background()
 	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
@@ -303,7 +304,7 @@ func TestRepeatedStageRemountsWhatVanishedWhileRunning(t *testing.T) {
 // inspectDisk reads a volume's disk id from an all-in-one csid's admin socket.
 func inspectDisk(t *testing.T, dir, id string) string {
 	t.Helper()
-	c := admin.NewClient(AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
+	c := admin.NewClient(app.AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
 	defer c.Close()
 	v, err := c.Volume(context.Background(), id)
 	if err != nil {

@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 	"github.com/csid-dev/csid/internal/crash"
@@ -63,8 +64,8 @@ func (x result[T]) must(t testing.TB) T {
 func TestOfflineResizeStory(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := shortTempDir(t)
-	all := startCSID(t, Options{Cloud: "local", StateDir: dir, NodeID: "node-1", Endpoint: "unix://" + dir + "/all.sock", Log: zerolog.Nop()})
-	node2 := startCSID(t, Options{Cloud: "local", StateDir: dir, NodeID: "node-2", Mode: driver.ModeNode,
+	all := startCSID(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1", Endpoint: "unix://" + dir + "/all.sock", Log: zerolog.Nop()})
+	node2 := startCSID(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-2", Mode: driver.ModeNode,
 		Endpoint: "unix://" + dir + "/node2.sock", Log: zerolog.Nop()})
 	c, n2 := dial(t, all.socket), dial(t, node2.socket)
 	ctx := context.Background()
@@ -125,7 +126,7 @@ func TestOfflineResizeStory(t *testing.T) {
 	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
 	all.stop(t)
 	node2.stop(t)
-	checkResizeBeforeAttach(t, StateFile(dir, driver.ModeAll), id, "node-2")
+	checkResizeBeforeAttach(t, app.StateFile(dir, driver.ModeAll), id, "node-2")
 	checkNothingLeft(t, "story", dir)
 }
 
@@ -164,7 +165,7 @@ func checkResizeBeforeAttach(t *testing.T, stateFile, id, node string) {
 // startFake runs an all-in-one csid on the fake backend (no root needed).
 func startFake(t testing.TB, f *fake.Cloud, latency map[cloud.OpKind]time.Duration) (*instance, client) {
 	t.Helper()
-	in := startCSID(t, Options{Cloud: "fake", Fake: f, FakeLatency: latency, Log: zerolog.Nop()})
+	in := startCSID(t, app.Options{Cloud: "fake", Fake: f, FakeLatency: latency, Log: zerolog.Nop()})
 	return in, dial(t, in.socket)
 }
 
@@ -346,6 +347,6 @@ func TestQueuedResizeSurvivesSIGKILL(t *testing.T) {
 	r(c.ControllerUnpublishVolume(ctx, unpublish)).must(t)
 	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
 	proc.stop(t)
-	checkResizeBeforeAttach(t, StateFile(dir, driver.ModeAll), id, "node-1")
+	checkResizeBeforeAttach(t, app.StateFile(dir, driver.ModeAll), id, "node-1")
 	checkNothingLeft(t, "crashes", dir)
 }

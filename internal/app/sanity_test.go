@@ -1,4 +1,4 @@
-package app
+package app_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
@@ -30,7 +31,7 @@ func TestSanity(t *testing.T) {
 	configs := map[string]*sanity.TestConfig{}
 	instances := map[string]*instance{}
 	for _, access := range []string{"mount", "block"} {
-		in := startCSID(t, Options{Cloud: "local", MaxVolumesPerNode: attachLimit, Log: zerolog.Nop()})
+		in := startCSID(t, app.Options{Cloud: "local", MaxVolumesPerNode: attachLimit, Log: zerolog.Nop()})
 		cfg := sanity.NewTestConfig()
 		cfg.Address = in.socket
 		cfg.TargetPath = filepath.Join(in.dir, "target")
