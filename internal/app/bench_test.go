@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 	"google.golang.org/grpc/codes"
@@ -43,9 +44,9 @@ func BenchmarkUnpublishToPublish(b *testing.B) {
 
 // unpublishToPublishRound prepares n attached volumes with a queued resize,
 // then for each, at once, unpublishes it and times the publish that follows.
-func unpublishToPublishRound(b *testing.B, c client, round, n int) []time.Duration {
+func unpublishToPublishRound(b *testing.B, c apptest.Client, round, n int) []time.Duration {
 	ctx := context.Background()
-	vc := mountCap("ext4")
+	vc := apptest.MountCap("ext4")
 	const mib = int64(1) << 20
 	ids := make([]string, n)
 	for i := range ids {

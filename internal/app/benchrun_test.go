@@ -15,6 +15,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/bench"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
@@ -30,9 +31,9 @@ var lifecycleRPCs = []string{"CreateVolume", "ControllerPublishVolume", "NodeSta
 	"NodeUnpublishVolume", "NodeUnstageVolume", "ControllerUnpublishVolume", "DeleteVolume"}
 
 // benchConfig is a small run against an in-process csid.
-func benchConfig(t *testing.T, in *instance) bench.Config {
-	return bench.Config{Endpoint: in.socket, Concurrency: []int{1, 2}, Count: 4, Existing: 10, Rounds: 2,
-		FloorSamples: 5, FloorDir: in.dir, JournalDir: t.TempDir(), SizeBytes: 64 << 20}
+func benchConfig(t *testing.T, in *apptest.Instance) bench.Config {
+	return bench.Config{Endpoint: in.Socket, Concurrency: []int{1, 2}, Count: 4, Existing: 10, Rounds: 2,
+		FloorSamples: 5, FloorDir: in.Dir, JournalDir: t.TempDir(), SizeBytes: 64 << 20}
 }
 
 // TestBenchAgainstFake runs every phase of the bench library against csid
@@ -56,19 +57,19 @@ func TestBenchAgainstFake(t *testing.T) {
 // no loop device or mount of the state dir is left.
 func TestBenchAgainstLocal(t *testing.T) {
 	testutil.RequireRoot(t)
-	in := startCSID(t, app.Options{Cloud: "local", Log: zerolog.Nop()})
-	c := dial(t, in.socket)
+	in := apptest.Start(t, app.Options{Cloud: "local", Log: zerolog.Nop()})
+	c := apptest.Dial(t, in.Socket)
 	cfg := benchConfig(t, in)
 	cfg.Concurrency, cfg.Count, cfg.Existing, cfg.Rounds = []int{2}, 2, 3, 1
-	cfg.StagingDir, cfg.TargetDir = filepath.Join(in.dir, "staging"), filepath.Join(in.dir, "target")
+	cfg.StagingDir, cfg.TargetDir = filepath.Join(in.Dir, "staging"), filepath.Join(in.Dir, "target")
 	rep, err := bench.Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkComplete(t, rep, cfg)
 	checkClean(t, rep, c, cfg.JournalDir)
-	in.stop(t)
-	checkNothingLeft(t, "bench", in.dir)
+	in.Stop(t)
+	checkNothingLeft(t, "bench", in.Dir)
 }
 
 // checkComplete checks that a report has every measurement a config asks
@@ -128,7 +129,7 @@ func checkComplete(t *testing.T, rep *bench.Report, cfg bench.Config) {
 
 // checkClean checks that a run deleted everything it created: the report,
 // the driver's ListVolumes, and the journal directory agree.
-func checkClean(t *testing.T, rep *bench.Report, c client, journalDir string) {
+func checkClean(t *testing.T, rep *bench.Report, c apptest.Client, journalDir string) {
 	t.Helper()
 	cl := rep.Cleanup
 	if cl.Created == 0 || cl.Created != cl.Deleted || len(cl.Leftover) != 0 || !cl.Verified {
@@ -178,12 +179,12 @@ func TestBenchRecoversKilledRun(t *testing.T) {
 	dir := t.TempDir()
 	// The killed run spelled the endpoint unix:///path; this one /path.
 	header := fmt.Sprintf(`{"endpoint":%q,"node_id":"node-1","topology":{"topology.csid.dev/zone":"fake"},"size_bytes":%d,"access_type":"mount","fs_type":"ext4","pid":1}`,
-		"unix://"+in.socket, 64<<20)
-	vc := mountCap("ext4")
+		"unix://"+in.Socket, 64<<20)
+	vc := apptest.MountCap("ext4")
 	topo := &csi.Topology{Segments: map[string]string{"topology.csid.dev/zone": "fake"}}
-	made := r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "killed-a", CapacityRange: capRange(64 << 20),
+	made := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "killed-a", CapacityRange: capRange(64 << 20),
 		VolumeCapabilities:        []*csi.VolumeCapability{vc},
-		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{topo}, Preferred: []*csi.Topology{topo}}})).must(t)
+		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{topo}, Preferred: []*csi.Topology{topo}}})).Must(t)
 	write := func(name string, lines ...string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
@@ -193,7 +194,7 @@ func TestBenchRecoversKilledRun(t *testing.T) {
 	}
 	dead := write("dead.journal", header, `{"begin":"killed-a"}`, fmt.Sprintf(`{"created":"killed-a","id":%q}`, made.Volume.VolumeId),
 		`{"begin":"killed-b"}`)
-	other := write("other.journal", strings.Replace(header, in.socket, "/elsewhere.sock", 1), `{"begin":"x"}`)
+	other := write("other.journal", strings.Replace(header, in.Socket, "/elsewhere.sock", 1), `{"begin":"x"}`)
 	alive := write("alive.journal", header, `{"begin":"alive-a"}`)
 	f, err := os.Open(alive)
 	if err != nil {
@@ -213,7 +214,7 @@ func TestBenchRecoversKilledRun(t *testing.T) {
 	if rep.Cleanup.Recovered != 2 {
 		t.Errorf("recovered %d volumes of the killed run, want 2", rep.Cleanup.Recovered)
 	}
-	list := r(c.ListVolumes(ctx, &csi.ListVolumesRequest{})).must(t)
+	list := apptest.R(c.ListVolumes(ctx, &csi.ListVolumesRequest{})).Must(t)
 	if len(list.Entries) != 0 {
 		t.Errorf("volumes left: %v", list.Entries)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/loopdev"
@@ -178,7 +179,7 @@ func newClients(conn *grpc.ClientConn) clients {
 // itself writes (the machine's disk is shared with concurrent tests).
 func tmpfsDir(t *testing.T) string {
 	t.Helper()
-	dir := shortTempDir(t)
+	dir := apptest.ShortTempDir(t)
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=1g,mode=0700"); err != nil {
 		t.Fatalf("mount a tmpfs on %s: %v", dir, err)
 	}
@@ -209,3 +210,5 @@ func blockCap(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
 	}
 }
+
+func capRange(bytes int64) *csi.CapacityRange { return &csi.CapacityRange{RequiredBytes: bytes} }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/rs/zerolog"
@@ -37,9 +38,9 @@ func TestIdempotency(t *testing.T) {
 	// A private tmpfs: GetCapacity reports the free space of the state
 	// dir's file system, which must change only with what this test does.
 	dir := tmpfsDir(t)
-	in := startCSID(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
 	h := newHostView(t, dir)
-	c := newClients(dialConn(t, in.socket))
+	c := newClients(dialConn(t, in.Socket))
 
 	t.Run("sequential x3", func(t *testing.T) {
 		lifecycle(t, c, h, repeat{n: 3}, filepath.Join(dir, "seq"))

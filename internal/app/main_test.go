@@ -14,6 +14,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/rs/zerolog"
@@ -87,7 +88,7 @@ func startChild(t *testing.T, co childOptions, crashAt, crashLog string) *child 
 			<-c.exited
 		}
 	})
-	cl := dial(t, c.socket)
+	cl := apptest.Dial(t, c.socket)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/testutil"
@@ -47,9 +48,9 @@ type malformed struct {
 // exists.
 func TestMalformedRequests(t *testing.T) {
 	testutil.RequireRoot(t)
-	in := startCSID(t, app.Options{Cloud: "local", Log: zerolog.Nop()})
-	h := newHostView(t, in.dir)
-	conn := dialConn(t, in.socket)
+	in := apptest.Start(t, app.Options{Cloud: "local", Log: zerolog.Nop()})
+	h := newHostView(t, in.Dir)
+	conn := dialConn(t, in.Socket)
 	c := newClients(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -57,7 +58,7 @@ func TestMalformedRequests(t *testing.T) {
 	// outside is a directory outside the state dir; every absolute path
 	// the requests name lies in it (or resolves into it), and it must still
 	// be empty at the end.
-	outside := shortTempDir(t)
+	outside := apptest.ShortTempDir(t)
 	// rel is the first element of every relative path the requests name;
 	// relative to csid's working directory (this process's), it must never
 	// appear.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 	"github.com/csid-dev/csid/internal/fsm"
@@ -29,14 +30,14 @@ import (
 // startObserved runs an all-in-one csid on the fake backend with its
 // metrics endpoint on a loopback port; it returns the CSI client and the
 // endpoint's base URL.
-func startObserved(t *testing.T, f *fake.Cloud) (client, string) {
+func startObserved(t *testing.T, f *fake.Cloud) (apptest.Client, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := startCSID(t, app.Options{Cloud: "fake", Fake: f, MetricsListener: lis, Log: zerolog.Nop()})
-	return dial(t, in.socket), "http://" + lis.Addr().String()
+	in := apptest.Start(t, app.Options{Cloud: "fake", Fake: f, MetricsListener: lis, Log: zerolog.Nop()})
+	return apptest.Dial(t, in.Socket), "http://" + lis.Addr().String()
 }
 
 func get(t *testing.T, url string) (int, string) {
@@ -132,9 +133,9 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 	f := fake.New(fake.Options{Zones: []string{"fake"}})
 	c, base := startObserved(t, f)
 	ctx := context.Background()
-	vc := mountCap("ext4")
+	vc := apptest.MountCap("ext4")
 	const mib = int64(1) << 20
-	dir := shortTempDir(t)
+	dir := apptest.ShortTempDir(t)
 	stage, target := filepath.Join(dir, "stage"), filepath.Join(dir, "target")
 	if err := os.Mkdir(stage, 0o750); err != nil {
 		t.Fatal(err)
@@ -147,13 +148,13 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 		t.Fatalf("/healthz: %d", code)
 	}
 
-	id := r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "observed", CapacityRange: capRange(64 * mib), VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t).Volume.VolumeId
+	id := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "observed", CapacityRange: capRange(64 * mib), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
 	_, err := c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "no-such-node", VolumeCapability: vc})
 	wantCode(t, err, codes.NotFound)
 	f.FailCalls(cloud.OpAttach, 1, fmt.Errorf("injected: %w", cloud.ErrTransient))
-	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).must(t)
-	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).must(t)
-	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, StagingTargetPath: stage, VolumeCapability: vc})).must(t)
+	pub := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
+	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
 	expand := &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: capRange(128 * mib)}
 	_, err = c.ControllerExpandVolume(ctx, expand)
 	wantCode(t, err, codes.FailedPrecondition, "queued")
@@ -167,10 +168,10 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 	}
 	wantStates(t, m, fsm.Published)
 
-	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})).must(t)
-	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
-	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
-	if e := r(c.ControllerExpandVolume(ctx, expand)).must(t); e.CapacityBytes != 128*mib { // waits for the resize the unpublish started
+	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})).Must(t)
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
+	if e := apptest.R(c.ControllerExpandVolume(ctx, expand)).Must(t); e.CapacityBytes != 128*mib { // waits for the resize the unpublish started
 		t.Fatalf("expand after the unpublish: %+v", e)
 	}
 
@@ -185,7 +186,7 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 	}
 	wantStates(t, m, fsm.Created)
 
-	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
 	m = scrape(t, base)
 	wantStates(t, m, "")
 

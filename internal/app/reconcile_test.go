@@ -13,6 +13,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/admin"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
@@ -25,8 +26,8 @@ import (
 // Kubernetes deploy does on a single-node cluster with the local backend.
 type split struct {
 	dir              string
-	controller, node *instance
-	c, n             client
+	controller, node *apptest.Instance
+	c, n             apptest.Client
 }
 
 func startSplit(t *testing.T, dir string) *split {
@@ -39,14 +40,14 @@ func startSplit(t *testing.T, dir string) *split {
 
 func (s *split) startController(t *testing.T) {
 	t.Helper()
-	s.controller = startCSID(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeController, Endpoint: "unix://" + s.dir + "/controller.sock", Log: zerolog.Nop()})
-	s.c = dial(t, s.controller.socket)
+	s.controller = apptest.Start(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeController, Endpoint: "unix://" + s.dir + "/controller.sock", Log: zerolog.Nop()})
+	s.c = apptest.Dial(t, s.controller.Socket)
 }
 
 func (s *split) startNode(t *testing.T) {
 	t.Helper()
-	s.node = startCSID(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1", Endpoint: "unix://" + s.dir + "/node.sock", Log: zerolog.Nop()})
-	s.n = dial(t, s.node.socket)
+	s.node = apptest.Start(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1", Endpoint: "unix://" + s.dir + "/node.sock", Log: zerolog.Nop()})
+	s.n = apptest.Dial(t, s.node.Socket)
 }
 
 // kubeletPaths are where kubelet stages and publishes a filesystem volume.
@@ -60,24 +61,24 @@ func kubeletPaths(root, volumeID string, pods ...string) (stage string, targets 
 
 // useVolume creates a volume, attaches it to node-1, stages it and
 // publishes it at the targets; it returns the volume id.
-func useVolume(t *testing.T, c, n client, name, stage string, targets []string) string {
+func useVolume(t *testing.T, c, n apptest.Client, name, stage string, targets []string) string {
 	t.Helper()
 	ctx := context.Background()
-	vc := mountCap("ext4")
-	id := r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: capRange(64 << 20), VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t).Volume.VolumeId
-	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	vc := apptest.MountCap("ext4")
+	id := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: capRange(64 << 20), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
+	pub := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 	if stage == "" {
 		return id
 	}
 	if err := os.MkdirAll(stage, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	r(n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).must(t)
+	apptest.R(n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).Must(t)
 	for _, tp := range targets {
 		if err := os.MkdirAll(filepath.Dir(tp), 0o750); err != nil {
 			t.Fatal(err)
 		}
-		r(n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: tp, StagingTargetPath: stage, VolumeCapability: vc})).must(t)
+		apptest.R(n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: tp, StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
 	}
 	return id
 }
@@ -100,9 +101,9 @@ func inspectVolumes(t *testing.T, dir string) []string {
 	return out
 }
 
-func listVolumes(t *testing.T, c client) []*csi.ListVolumesResponse_Entry {
+func listVolumes(t *testing.T, c apptest.Client) []*csi.ListVolumesResponse_Entry {
 	t.Helper()
-	entries := r(c.ListVolumes(context.Background(), &csi.ListVolumesRequest{})).must(t).Entries
+	entries := apptest.R(c.ListVolumes(context.Background(), &csi.ListVolumesRequest{})).Must(t).Entries
 	slices.SortFunc(entries, func(a, b *csi.ListVolumesResponse_Entry) int {
 		if a.Volume.VolumeId < b.Volume.VolumeId {
 			return -1
@@ -118,13 +119,13 @@ func listVolumes(t *testing.T, c client) []*csi.ListVolumesResponse_Entry {
 // attachment from the cloud, and the CO's calls go on as before.
 func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := shortTempDir(t)
+	dir := apptest.ShortTempDir(t)
 	s := startSplit(t, dir)
 	ctx := context.Background()
 	kubelet := filepath.Join(dir, "kubelet")
 	stage, targets := "", []string(nil)
 	id1 := useVolume(t, s.c, s.n, "pvc-detached", "", nil)
-	r(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id1, NodeId: "node-1"})).must(t)
+	apptest.R(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id1, NodeId: "node-1"})).Must(t)
 	id2 := useVolume(t, s.c, s.n, "pvc-attached", "", nil)
 	stage, targets = kubeletPaths(kubelet, "vol-in-use-00000000", "pod-a")
 	id3 := useVolume(t, s.c, s.n, "pvc-in-use", stage, targets)
@@ -134,7 +135,7 @@ func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 	}
 	inspectBefore := inspectVolumes(t, dir)
 
-	s.controller.stop(t)
+	s.controller.Stop(t)
 	if err := os.Remove(app.StateFile(dir, driver.ModeController)); err != nil {
 		t.Fatal(err)
 	}
@@ -154,24 +155,24 @@ func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 		t.Errorf("csid inspect volumes before the rebuild:\n%s\nafter:\n%s", strings.Join(inspectBefore, "\n"), strings.Join(got, "\n"))
 	}
 	// The CO's repeats are answered as before: create by name, publish.
-	vc := mountCap("ext4")
-	cv := r(s.c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-in-use", CapacityRange: capRange(64 << 20), VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t)
+	vc := apptest.MountCap("ext4")
+	cv := apptest.R(s.c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-in-use", CapacityRange: capRange(64 << 20), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t)
 	if cv.Volume.VolumeId != id3 {
 		t.Fatalf("create by name after the rebuild gave %s, want %s", cv.Volume.VolumeId, id3)
 	}
-	r(s.c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id2, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	apptest.R(s.c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id2, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 
 	// And everything comes down cleanly.
 	for _, tp := range targets {
-		r(s.n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id3, TargetPath: tp})).must(t)
+		apptest.R(s.n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id3, TargetPath: tp})).Must(t)
 	}
-	r(s.n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id3, StagingTargetPath: stage})).must(t)
+	apptest.R(s.n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id3, StagingTargetPath: stage})).Must(t)
 	for _, id := range []string{id1, id2, id3} {
-		r(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
-		r(s.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+		apptest.R(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
+		apptest.R(s.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
 	}
-	s.controller.stop(t)
-	s.node.stop(t)
+	s.controller.Stop(t)
+	s.node.Stop(t)
 	checkNothingLeft(t, "rebuild", dir)
 }
 
@@ -181,7 +182,7 @@ func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 // work, and NodeUnpublish/NodeUnstage still clean up.
 func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := shortTempDir(t)
+	dir := apptest.ShortTempDir(t)
 	s := startSplit(t, dir)
 	ctx := context.Background()
 	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a", "pod-b")
@@ -190,32 +191,32 @@ func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s.node.stop(t)
+	s.node.Stop(t)
 	if err := os.Remove(app.StateFile(dir, driver.ModeNode)); err != nil {
 		t.Fatal(err)
 	}
 	s.startNode(t)
 
 	for _, p := range append([]string{stage}, targets...) {
-		st := r(s.n.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p})).must(t)
+		st := apptest.R(s.n.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p})).Must(t)
 		if len(st.Usage) == 0 || st.Usage[0].Total == 0 {
 			t.Fatalf("stats at %s after the node lost its state: %v", p, st)
 		}
 	}
 	for _, tp := range targets {
-		r(s.n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tp})).must(t)
+		apptest.R(s.n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tp})).Must(t)
 		if _, err := os.Lstat(tp); !os.IsNotExist(err) {
 			t.Fatalf("target %s still there after NodeUnpublish: %v", tp, err)
 		}
 	}
-	r(s.n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
+	apptest.R(s.n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).Must(t)
 	if ok, _ := mounter.New().IsMounted(ctx, stage); ok {
 		t.Fatal("the staging path is still mounted after NodeUnstage")
 	}
-	r(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
-	r(s.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
-	s.controller.stop(t)
-	s.node.stop(t)
+	apptest.R(s.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
+	apptest.R(s.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
+	s.controller.Stop(t)
+	s.node.Stop(t)
 	checkNothingLeft(t, "node reconcile", dir)
 }
 
@@ -225,39 +226,39 @@ func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 // being told they are done) and the data is there.
 func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := shortTempDir(t)
-	in := startCSID(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
-	c := dial(t, in.socket)
+	dir := apptest.ShortTempDir(t)
+	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	c := apptest.Dial(t, in.Socket)
 	ctx := context.Background()
 	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
 	id := useVolume(t, c, c, "pvc-a", stage, targets)
 	if err := os.WriteFile(filepath.Join(targets[0], "data"), []byte("before the reboot"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	in.stop(t)
+	in.Stop(t)
 	m := mounter.New()
 	for _, p := range append(targets, stage) { // the reboot
 		if err := m.Unmount(ctx, p); err != nil {
 			t.Fatal(err)
 		}
 	}
-	in = startCSID(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
-	c = dial(t, in.socket)
-	vc := mountCap("ext4")
-	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	in = apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	c = apptest.Dial(t, in.Socket)
+	vc := apptest.MountCap("ext4")
+	pub := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 	if err := os.MkdirAll(stage, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).must(t)
-	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: targets[0], StagingTargetPath: stage, VolumeCapability: vc})).must(t)
+	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: targets[0], StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
 	if got, err := os.ReadFile(filepath.Join(targets[0], "data")); err != nil || string(got) != "before the reboot" {
 		t.Fatalf("after the reboot the pod sees %q, %v", got, err)
 	}
-	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targets[0]})).must(t)
-	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
-	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
-	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
-	in.stop(t)
+	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targets[0]})).Must(t)
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
+	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
+	in.Stop(t)
 	checkNothingLeft(t, "reboot", dir)
 }
 
@@ -268,9 +269,9 @@ func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
 // mounts again; the pod sees its data.
 func TestRepeatedStageRemountsWhatVanishedWhileRunning(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := shortTempDir(t)
-	in := startCSID(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
-	c := dial(t, in.socket)
+	dir := apptest.ShortTempDir(t)
+	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
+	c := apptest.Dial(t, in.Socket)
 	ctx := context.Background()
 	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
 	id := useVolume(t, c, c, "pvc-a", stage, targets)
@@ -283,21 +284,21 @@ func TestRepeatedStageRemountsWhatVanishedWhileRunning(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	vc := mountCap("ext4")
+	vc := apptest.MountCap("ext4")
 	if err := os.MkdirAll(stage, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc,
-		PublishContext: map[string]string{"csid.dev/disk-id": inspectDisk(t, dir, id)}})).must(t)
-	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: targets[0], StagingTargetPath: stage, VolumeCapability: vc})).must(t)
+	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc,
+		PublishContext: map[string]string{"csid.dev/disk-id": inspectDisk(t, dir, id)}})).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: targets[0], StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
 	if got, err := os.ReadFile(filepath.Join(targets[0], "data")); err != nil || string(got) != "still here" {
 		t.Fatalf("after the repeated stage and publish the pod sees %q, %v", got, err)
 	}
-	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targets[0]})).must(t)
-	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
-	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
-	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
-	in.stop(t)
+	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targets[0]})).Must(t)
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
+	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
+	in.Stop(t)
 	checkNothingLeft(t, "remount", dir)
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 	"github.com/csid-dev/csid/internal/crash"
@@ -37,23 +38,6 @@ func wantCode(t testing.TB, err error, code codes.Code, contains ...string) {
 	}
 }
 
-// result carries a call's two values so a test can write
-// r(c.CreateVolume(ctx, req)).must(t).
-type result[T any] struct {
-	v   T
-	err error
-}
-
-func r[T any](v T, err error) result[T] { return result[T]{v, err} }
-
-func (x result[T]) must(t testing.TB) T {
-	t.Helper()
-	if x.err != nil {
-		t.Fatal(x.err)
-	}
-	return x.v
-}
-
 // TestOfflineResizeStory is issue 5's whole story on real loop devices: a
 // pod on node-1 uses a filesystem volume and writes a file; the volume is
 // expanded while attached (queued, FailedPrecondition); the pod's
@@ -63,26 +47,26 @@ func (x result[T]) must(t testing.TB) T {
 // shows the larger filesystem, and the file is intact.
 func TestOfflineResizeStory(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := shortTempDir(t)
-	all := startCSID(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1", Endpoint: "unix://" + dir + "/all.sock", Log: zerolog.Nop()})
-	node2 := startCSID(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-2", Mode: driver.ModeNode,
+	dir := apptest.ShortTempDir(t)
+	all := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1", Endpoint: "unix://" + dir + "/all.sock", Log: zerolog.Nop()})
+	node2 := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-2", Mode: driver.ModeNode,
 		Endpoint: "unix://" + dir + "/node2.sock", Log: zerolog.Nop()})
-	c, n2 := dial(t, all.socket), dial(t, node2.socket)
+	c, n2 := apptest.Dial(t, all.Socket), apptest.Dial(t, node2.Socket)
 	ctx := context.Background()
 	const size, grown = 64 << 20, 128 << 20
-	vc := mountCap("ext4")
+	vc := apptest.MountCap("ext4")
 
-	vol := r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "story", CapacityRange: capRange(size), VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t).Volume
+	vol := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "story", CapacityRange: capRange(size), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume
 	id := vol.VolumeId
-	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	pub := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 	stage1, target1 := filepath.Join(dir, "stage1"), filepath.Join(dir, "pod-a")
-	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage1, VolumeCapability: vc, PublishContext: pub.PublishContext})).must(t)
-	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target1, StagingTargetPath: stage1, VolumeCapability: vc})).must(t)
+	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage1, VolumeCapability: vc, PublishContext: pub.PublishContext})).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target1, StagingTargetPath: stage1, VolumeCapability: vc})).Must(t)
 	data := []byte("written by pod A before the expansion\n")
 	if err := os.WriteFile(filepath.Join(target1, "data"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before := r(c.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target1})).must(t).Usage[0].Total
+	before := apptest.R(c.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target1})).Must(t).Usage[0].Total
 
 	// Expand while attached: queued, and said so.
 	expand := &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: capRange(grown), VolumeCapability: vc}
@@ -95,37 +79,37 @@ func TestOfflineResizeStory(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition, "node-1")
 
 	// Pod A goes away. Until the detach, expand keeps answering FailedPrecondition.
-	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target1})).must(t)
-	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage1})).must(t)
+	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target1})).Must(t)
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage1})).Must(t)
 	_, err = c.ControllerExpandVolume(ctx, expand)
 	wantCode(t, err, codes.FailedPrecondition, "queued")
-	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
 
 	// The publish to node-2 attaches after the resize.
-	pub2 := r(c.ControllerPublishVolume(ctx, publish2)).must(t)
-	exp := r(c.ControllerExpandVolume(ctx, expand)).must(t) // the resizer's retry: done
+	pub2 := apptest.R(c.ControllerPublishVolume(ctx, publish2)).Must(t)
+	exp := apptest.R(c.ControllerExpandVolume(ctx, expand)).Must(t) // the resizer's retry: done
 	if exp.CapacityBytes != grown || !exp.NodeExpansionRequired {
 		t.Fatalf("after the resize, expand answers %+v", exp)
 	}
 	stage2, target2 := filepath.Join(dir, "stage2"), filepath.Join(dir, "pod-b")
-	r(n2.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage2, VolumeCapability: vc, PublishContext: pub2.PublishContext})).must(t)
-	r(n2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target2, StagingTargetPath: stage2, VolumeCapability: vc})).must(t)
-	after := r(n2.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target2})).must(t).Usage[0].Total
+	apptest.R(n2.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage2, VolumeCapability: vc, PublishContext: pub2.PublishContext})).Must(t)
+	apptest.R(n2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target2, StagingTargetPath: stage2, VolumeCapability: vc})).Must(t)
+	after := apptest.R(n2.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target2})).Must(t).Usage[0].Total
 	if after < before+(grown-size)*9/10 {
 		t.Fatalf("filesystem %d bytes before, %d after: not grown to the %d-byte disk", before, after, grown)
 	}
 	if got, err := os.ReadFile(filepath.Join(target2, "data")); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("the file after the resize: %q, %v", got, err)
 	}
-	r(n2.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target2, StagingTargetPath: stage2})).must(t)
+	apptest.R(n2.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target2, StagingTargetPath: stage2})).Must(t)
 
 	// Down again, and nothing left behind.
-	r(n2.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target2})).must(t)
-	r(n2.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage2})).must(t)
-	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-2"})).must(t)
-	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
-	all.stop(t)
-	node2.stop(t)
+	apptest.R(n2.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target2})).Must(t)
+	apptest.R(n2.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage2})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-2"})).Must(t)
+	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
+	all.Stop(t)
+	node2.Stop(t)
 	checkResizeBeforeAttach(t, app.StateFile(dir, driver.ModeAll), id, "node-2")
 	checkNothingLeft(t, "story", dir)
 }
@@ -163,10 +147,10 @@ func checkResizeBeforeAttach(t *testing.T, stateFile, id, node string) {
 }
 
 // startFake runs an all-in-one csid on the fake backend (no root needed).
-func startFake(t testing.TB, f *fake.Cloud, latency map[cloud.OpKind]time.Duration) (*instance, client) {
+func startFake(t testing.TB, f *fake.Cloud, latency map[cloud.OpKind]time.Duration) (*apptest.Instance, apptest.Client) {
 	t.Helper()
-	in := startCSID(t, app.Options{Cloud: "fake", Fake: f, FakeLatency: latency, Log: zerolog.Nop()})
-	return in, dial(t, in.socket)
+	in := apptest.Start(t, app.Options{Cloud: "fake", Fake: f, FakeLatency: latency, Log: zerolog.Nop()})
+	return in, apptest.Dial(t, in.Socket)
 }
 
 // TestResizeSizeRulesOverCSI: a shrink is refused, an equal size succeeds at
@@ -174,10 +158,10 @@ func startFake(t testing.TB, f *fake.Cloud, latency map[cloud.OpKind]time.Durati
 func TestResizeSizeRulesOverCSI(t *testing.T) {
 	_, c := startFake(t, fake.New(fake.Options{Zones: []string{"fake"}}), nil)
 	ctx := context.Background()
-	vc := mountCap("ext4")
+	vc := apptest.MountCap("ext4")
 	const mib = 1 << 20
-	id := r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "rules", CapacityRange: capRange(100 * mib), VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t).Volume.VolumeId
-	r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).must(t)
+	id := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "rules", CapacityRange: capRange(100 * mib), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
+	apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 	expand := func(required, limit int64) (*csi.ControllerExpandVolumeResponse, error) {
 		return c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
 			CapacityRange: &csi.CapacityRange{RequiredBytes: required, LimitBytes: limit}})
@@ -193,8 +177,8 @@ func TestResizeSizeRulesOverCSI(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition, fmt.Sprint(300*mib)) // replaces the queued 200 MiB
 	_, err = expand(250*mib, 0)
 	wantCode(t, err, codes.FailedPrecondition, fmt.Sprint(300*mib)) // joins the queued 300 MiB
-	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).must(t)
-	if r := r(expand(250*mib, 0)).must(t); r.CapacityBytes != 300*mib {
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
+	if r := apptest.R(expand(250*mib, 0)).Must(t); r.CapacityBytes != 300*mib {
 		t.Fatalf("after the detach the volume is %d bytes, want the queued 300 MiB", r.CapacityBytes)
 	}
 }
@@ -207,7 +191,7 @@ func TestNoAttachBeforeResizeFinishes(t *testing.T) {
 	f := fake.New(fake.Options{Zones: []string{"fake"}})
 	_, c := startFake(t, f, map[cloud.OpKind]time.Duration{cloud.OpResize: 500 * time.Millisecond})
 	ctx := context.Background()
-	vc := mountCap("ext4")
+	vc := apptest.MountCap("ext4")
 	const volumes, mib = 100, int64(1) << 20
 	var wg sync.WaitGroup
 	errs := make(chan error, volumes)
@@ -282,23 +266,23 @@ func TestNoAttachBeforeResizeFinishes(t *testing.T) {
 // resize still happens, the publish waits for it, and the data is intact.
 func TestQueuedResizeSurvivesSIGKILL(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := shortTempDir(t)
+	dir := apptest.ShortTempDir(t)
 	co := childOptions{Mode: driver.ModeAll, Endpoint: "unix://" + dir + "/csi.sock", StateDir: dir, Cloud: "local", NodeID: "node-1"}
 	fired := filepath.Join(dir, "fired")
 	ctx := context.Background()
 	const size, grown = 64 << 20, 128 << 20
-	vc := mountCap("ext4")
+	vc := apptest.MountCap("ext4")
 
 	proc := startChild(t, co, "", fired)
-	c := dial(t, proc.socket)
-	id := r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "crashy", CapacityRange: capRange(size), VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t).Volume.VolumeId
+	c := apptest.Dial(t, proc.socket)
+	id := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "crashy", CapacityRange: capRange(size), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
 	publish := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc}
-	pub := r(c.ControllerPublishVolume(ctx, publish)).must(t)
+	pub := apptest.R(c.ControllerPublishVolume(ctx, publish)).Must(t)
 	stage, target := filepath.Join(dir, "stage"), filepath.Join(dir, "pod")
 	stageReq := &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext}
 	publishReq := &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target, StagingTargetPath: stage, VolumeCapability: vc}
-	r(c.NodeStageVolume(ctx, stageReq)).must(t)
-	r(c.NodePublishVolume(ctx, publishReq)).must(t)
+	apptest.R(c.NodeStageVolume(ctx, stageReq)).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, publishReq)).Must(t)
 	data := []byte("written before two crashes\n")
 	if err := os.WriteFile(filepath.Join(target, "data"), data, 0o644); err != nil {
 		t.Fatal(err)
@@ -310,11 +294,11 @@ func TestQueuedResizeSurvivesSIGKILL(t *testing.T) {
 	// Crash 1: between queueing and unpublish.
 	proc.kill(t)
 	proc = startChild(t, co, crash.ResizeAfterCloudResize, fired)
-	c = dial(t, proc.socket)
+	c = apptest.Dial(t, proc.socket)
 	_, err = c.ControllerExpandVolume(ctx, expand)
 	wantCode(t, err, codes.FailedPrecondition, fmt.Sprint(grown), "queued") // the queue survived
-	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})).must(t)
-	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
+	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})).Must(t)
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).Must(t)
 
 	// Crash 2: the unpublish's commit starts the resize; csid dies after the
 	// cloud grew the disk and before it recorded it. The unpublish's answer
@@ -326,26 +310,26 @@ func TestQueuedResizeSurvivesSIGKILL(t *testing.T) {
 		t.Fatalf("crash points fired: %q", got)
 	}
 	proc = startChild(t, co, "", fired)
-	c = dial(t, proc.socket)
-	r(c.ControllerUnpublishVolume(ctx, unpublish)).must(t)
-	pub = r(c.ControllerPublishVolume(ctx, publish)).must(t)
-	if e := r(c.ControllerExpandVolume(ctx, expand)).must(t); e.CapacityBytes != grown {
+	c = apptest.Dial(t, proc.socket)
+	apptest.R(c.ControllerUnpublishVolume(ctx, unpublish)).Must(t)
+	pub = apptest.R(c.ControllerPublishVolume(ctx, publish)).Must(t)
+	if e := apptest.R(c.ControllerExpandVolume(ctx, expand)).Must(t); e.CapacityBytes != grown {
 		t.Fatalf("after the crashes the volume is %d bytes, want %d", e.CapacityBytes, grown)
 	}
 	stageReq.PublishContext = pub.PublishContext
-	r(c.NodeStageVolume(ctx, stageReq)).must(t)
-	r(c.NodePublishVolume(ctx, publishReq)).must(t)
-	usage := r(c.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})).must(t).Usage[0].Total
+	apptest.R(c.NodeStageVolume(ctx, stageReq)).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, publishReq)).Must(t)
+	usage := apptest.R(c.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})).Must(t).Usage[0].Total
 	if usage < grown*8/10 {
 		t.Fatalf("filesystem of %d bytes on a %d-byte disk: not grown", usage, grown)
 	}
 	if got, err := os.ReadFile(filepath.Join(target, "data")); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("the file after the crashes: %q, %v", got, err)
 	}
-	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})).must(t)
-	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).must(t)
-	r(c.ControllerUnpublishVolume(ctx, unpublish)).must(t)
-	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})).Must(t)
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, unpublish)).Must(t)
+	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
 	proc.stop(t)
 	checkResizeBeforeAttach(t, app.StateFile(dir, driver.ModeAll), id, "node-1")
 	checkNothingLeft(t, "crashes", dir)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
@@ -29,13 +30,13 @@ func TestSanity(t *testing.T) {
 	testutil.RequireRoot(t)
 	const attachLimit = 4
 	configs := map[string]*sanity.TestConfig{}
-	instances := map[string]*instance{}
+	instances := map[string]*apptest.Instance{}
 	for _, access := range []string{"mount", "block"} {
-		in := startCSID(t, app.Options{Cloud: "local", MaxVolumesPerNode: attachLimit, Log: zerolog.Nop()})
+		in := apptest.Start(t, app.Options{Cloud: "local", MaxVolumesPerNode: attachLimit, Log: zerolog.Nop()})
 		cfg := sanity.NewTestConfig()
-		cfg.Address = in.socket
-		cfg.TargetPath = filepath.Join(in.dir, "target")
-		cfg.StagingPath = filepath.Join(in.dir, "staging")
+		cfg.Address = in.Socket
+		cfg.TargetPath = filepath.Join(in.Dir, "target")
+		cfg.StagingPath = filepath.Join(in.Dir, "staging")
 		cfg.TestVolumeAccessType = access
 		cfg.TestVolumeSize = 64 << 20
 		cfg.TestVolumeExpandSize = 96 << 20
@@ -70,8 +71,8 @@ func TestSanity(t *testing.T) {
 		return
 	}
 	for access, in := range instances {
-		in.stop(t)
-		checkNothingLeft(t, access, in.dir)
+		in.Stop(t)
+		checkNothingLeft(t, access, in.Dir)
 	}
 }
 
