@@ -14,6 +14,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/admin"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/check"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/local"
@@ -56,19 +57,19 @@ func findingKinds(d checkDoc) []check.Kind {
 func TestCheckFindsEachConditionForReal(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	dir := shortTempDir(t)
+	dir := apptest.ShortTempDir(t)
 	kubelet := filepath.Join(dir, "kubelet")
-	startLive(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1"})
+	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1"})
 	t.Cleanup(func() { hostscrub.Scrub(context.Background(), dir) }) // runs before csid stops: leave the machine clean
-	c := dialCSI(t, dir)
-	vc := mountCap()
+	c := apptest.Dial(t, in.Socket)
+	vc := apptest.MountCap("ext4")
 	create := func(name string) string {
-		return r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20},
-			VolumeCapabilities: []*csi.VolumeCapability{vc}})).must(t).Volume.VolumeId
+		return apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
 	}
 	adm := admin.NewClient(app.AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
 	defer adm.Close()
-	diskOf := func(id string) string { return r(adm.Volume(ctx, id)).must(t).DiskID }
+	diskOf := func(id string) string { return apptest.R(adm.Volume(ctx, id)).Must(t).DiskID }
 
 	// A volume published where kubelet would: staged in csid's plugin
 	// directory, published in a pod's volume directory beside the
@@ -85,9 +86,9 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pc := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: pub, NodeId: "node-1", VolumeCapability: vc})).must(t)
-	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: pub, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pc.PublishContext})).must(t)
-	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: pub, TargetPath: target, StagingTargetPath: staging, VolumeCapability: vc})).must(t)
+	pc := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: pub, NodeId: "node-1", VolumeCapability: vc})).Must(t)
+	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: pub, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: pub, TargetPath: target, StagingTargetPath: staging, VolumeCapability: vc})).Must(t)
 	spare, doomed := create("pvc-spare"), create("pvc-doomed")
 
 	args := []string{"--state-dir", dir, "--kubelet-root", kubelet}
@@ -151,7 +152,7 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 	// 2. A record whose disk was deleted behind csid's back.
 	do(cl.DeleteDisk(ctx, diskOf(doomed)))
 	expect("a record whose disk is gone", check.VolumeWithoutDisk, doomed)
-	r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: doomed})).must(t)
+	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: doomed})).Must(t)
 	expectClean("the volume of the lost disk deleted")
 
 	// 3. A loop device bound by hand to a detached disk's image.
@@ -222,17 +223,17 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 	}
 	expect("a published volume whose mount is gone", check.MountMissing, target)
 	// The remedy the finding gives: the pod goes, kubelet unpublishes.
-	r(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: pub, TargetPath: target})).must(t)
+	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: pub, TargetPath: target})).Must(t)
 	code, doc := checkRun(t, args...)
 	if code != 0 || !doc.Clean() {
 		t.Fatalf("after the unpublish: exit %d, %+v", code, doc.Findings)
 	}
 
 	// Tear down through CSI: nothing is left, and check agrees.
-	r(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: pub, StagingTargetPath: staging})).must(t)
-	r(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: pub, NodeId: "node-1"})).must(t)
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: pub, StagingTargetPath: staging})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: pub, NodeId: "node-1"})).Must(t)
 	for _, id := range []string{pub, spare} {
-		r(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).must(t)
+		apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
 	}
 	code, doc = checkRun(t, args...)
 	if code != 0 || !doc.Clean() || doc.Checked != (check.Counts{}) {

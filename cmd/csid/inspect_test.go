@@ -14,109 +14,13 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/admin"
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 	"github.com/csid-dev/csid/internal/driver"
-	"github.com/rs/zerolog"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
-
-// live is a csid run in-process (app.Run, the real wiring and sockets).
-type live struct {
-	dir     string
-	cancel  context.CancelFunc
-	stopped chan error
-}
-
-// startLive runs csid with o (state dir, endpoint and node filled in when
-// empty) until it is ready.
-func startLive(t *testing.T, o app.Options) *live {
-	t.Helper()
-	if o.StateDir == "" {
-		o.StateDir = shortTempDir(t)
-	}
-	if o.Endpoint == "" {
-		o.Endpoint = "unix://" + filepath.Join(o.StateDir, "csi.sock")
-	}
-	if o.Mode == "" {
-		o.Mode = driver.ModeAll
-	}
-	if o.NodeID == "" {
-		o.NodeID = "node-1"
-	}
-	o.Log = zerolog.Nop()
-	ready := make(chan struct{})
-	o.Ready = ready
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &live{dir: o.StateDir, cancel: cancel, stopped: make(chan error, 1)}
-	go func() { l.stopped <- app.Run(ctx, o) }()
-	select {
-	case <-ready:
-	case err := <-l.stopped:
-		cancel()
-		t.Fatalf("csid did not start: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("csid not ready within 30s")
-	}
-	t.Cleanup(func() { l.stop(t) })
-	return l
-}
-
-func (l *live) stop(t testing.TB) {
-	t.Helper()
-	if l.cancel == nil {
-		return
-	}
-	l.cancel()
-	l.cancel = nil
-	if err := <-l.stopped; err != nil {
-		t.Errorf("csid stopped with: %v", err)
-	}
-}
-
-// csiClient speaks CSI to a csid socket.
-type csiClient struct {
-	csi.ControllerClient
-	csi.NodeClient
-}
-
-func dialCSI(t testing.TB, dir string) csiClient {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "csi.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return csiClient{csi.NewControllerClient(conn), csi.NewNodeClient(conn)}
-}
-
-func mountCap() *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
-}
-
-// result carries a call's two values so a test can write
-// r(c.CreateVolume(ctx, req)).must(t).
-type result[T any] struct {
-	v   T
-	err error
-}
-
-func r[T any](v T, err error) result[T] { return result[T]{v, err} }
-
-func (x result[T]) must(t testing.TB) T {
-	t.Helper()
-	if x.err != nil {
-		t.Fatal(x.err)
-	}
-	return x.v
-}
 
 // volumes of a lifecycle story, by what they show.
 type story struct {
@@ -127,20 +31,20 @@ type story struct {
 // tell drives csid through CSI into volumes in several states: one created,
 // one published with an expansion queued behind its attachment, one whose
 // attach failed for good.
-func tell(t *testing.T, c csiClient, dir string, f *fake.Cloud) story {
+func tell(t *testing.T, c apptest.Client, dir string, f *fake.Cloud) story {
 	t.Helper()
 	ctx := context.Background()
-	vc := mountCap()
+	vc := apptest.MountCap("ext4")
 	create := func(name string) string {
-		return r(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
-			VolumeCapabilities: []*csi.VolumeCapability{vc}, Parameters: map[string]string{"csi.storage.k8s.io/pvc/name": name}})).must(t).Volume.VolumeId
+		return apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{vc}, Parameters: map[string]string{"csi.storage.k8s.io/pvc/name": name}})).Must(t).Volume.VolumeId
 	}
 	s := story{created: create("pvc-created"), published: create("pvc-published"), failed: create("pvc-failed"),
 		staging: filepath.Join(dir, "staging"), target: filepath.Join(dir, "target")}
 
-	pub := r(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: s.published, NodeId: "node-1", VolumeCapability: vc})).must(t)
-	r(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: s.published, StagingTargetPath: s.staging, VolumeCapability: vc, PublishContext: pub.PublishContext})).must(t)
-	r(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: s.published, TargetPath: s.target, StagingTargetPath: s.staging, VolumeCapability: vc})).must(t)
+	pub := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: s.published, NodeId: "node-1", VolumeCapability: vc})).Must(t)
+	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: s.published, StagingTargetPath: s.staging, VolumeCapability: vc, PublishContext: pub.PublishContext})).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: s.published, TargetPath: s.target, StagingTargetPath: s.staging, VolumeCapability: vc})).Must(t)
 	_, err := c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: s.published, CapacityRange: &csi.CapacityRange{RequiredBytes: 128 << 20}, VolumeCapability: vc})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("expand of a published volume: %v, want FailedPrecondition (queued)", err)
@@ -180,14 +84,14 @@ func questions(s story) [][]string {
 // volumes created, published with a queued resize, and with a failed op.
 func TestInspectLiveAndStateFileAgree(t *testing.T) {
 	f := fake.New(fake.Options{Zones: []string{"fake"}})
-	l := startLive(t, app.Options{Cloud: "fake", Fake: f})
-	s := tell(t, dialCSI(t, l.dir), l.dir, f)
+	l := apptest.Start(t, app.Options{Cloud: "fake", Fake: f})
+	s := tell(t, apptest.Dial(t, l.Socket), l.Dir, f)
 	now := time.Now()
 
 	qs := questions(s)
 	answers := make([]string, len(qs))
 	for i, q := range qs {
-		answers[i] = inspectAt(t, now, append(q, "--state-dir", l.dir)...)
+		answers[i] = inspectAt(t, now, append(q, "--state-dir", l.Dir)...)
 	}
 
 	t.Logf("csid inspect volumes:\n%s\ncsid inspect volume %s:\n%s\ncsid inspect volume %s:\n%s", answers[0], s.published, answers[4], s.failed, answers[5])
@@ -206,9 +110,9 @@ func TestInspectLiveAndStateFileAgree(t *testing.T) {
 		t.Errorf("csid inspect volume %s:\n%s", s.published, answers[4])
 	}
 
-	l.stop(t)
+	l.Stop(t)
 	cp := filepath.Join(t.TempDir(), "copy.db")
-	copyFile(t, app.StateFile(l.dir, driver.ModeAll), cp)
+	copyFile(t, app.StateFile(l.Dir, driver.ModeAll), cp)
 	for i, q := range qs {
 		got := inspectAt(t, now, append(q, "--db", cp)...)
 		if got != answers[i] {
@@ -240,7 +144,7 @@ func copyFile(t testing.TB, from, to string) {
 // running csid (another process: a real `csid serve`) answers within 2s
 // with an error that names the holder and says to use the admin socket.
 func TestInspectLockedStateFile(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := apptest.ShortTempDir(t)
 	child := startServe(t, dir, "--cloud", "fake", "--node-id", "node-1", "--log-level", "error")
 	db := app.StateFile(dir, driver.ModeAll)
 	if st, err := os.Stat(app.AdminSocketPath(dir, driver.ModeAll)); err != nil || st.Mode().Perm() != 0o600 || st.Mode().Type() != os.ModeSocket {

@@ -178,18 +178,6 @@ func terminate(t *testing.T, p *process, limit time.Duration) time.Duration {
 	return took
 }
 
-// shortTempDir is a temporary directory with a short path: a unix socket
-// path holds at most 107 bytes, and t.TempDir() can be longer.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "csid-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // syncBuffer is a bytes.Buffer safe to write from the process's output
 // copier while the test reads it.
 type syncBuffer struct {

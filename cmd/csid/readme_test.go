@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/testutil"
 )
 
@@ -69,7 +70,7 @@ func TestReadmeServeCommand(t *testing.T) {
 		t.Fatalf("README.md's run command is %q; this test runs `csid serve` with no flags", strings.Join(cmd, " "))
 	}
 	testutil.RequireRoot(t) // the README runs it with sudo: loop devices need root
-	wd := shortTempDir(t)
+	wd := apptest.ShortTempDir(t)
 	p := startCSIDProcess(t, wd, cmd[at+1:]...)
 	waitReady(t, p, filepath.Join(wd, "csid-data", "csi.sock"))
 	if _, err := os.Stat(filepath.Join(wd, "csid-data", "csid.db")); err != nil {

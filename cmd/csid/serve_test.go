@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/csid-dev/csid/internal/app/apptest"
 )
 
 // serveArgs are the arguments of a csid serve on the local backend with
@@ -24,7 +26,7 @@ func serveArgs(stateDir, socket string) []string {
 // SIGKILL, which leaves the socket file behind, the next serve replaces the
 // stale socket.
 func TestSecondServeIsRefused(t *testing.T) {
-	dirA, dirB := shortTempDir(t), shortTempDir(t)
+	dirA, dirB := apptest.ShortTempDir(t), apptest.ShortTempDir(t)
 	sockA := filepath.Join(dirA, "csi.sock")
 
 	first := startCSIDProcess(t, "", serveArgs(dirA, sockA)...)
