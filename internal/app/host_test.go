@@ -16,8 +16,6 @@ import (
 	"github.com/csid-dev/csid/internal/loopdev"
 	"github.com/csid-dev/csid/internal/mounter"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // hostView reads, independently of the csid under test, what exists on
@@ -150,28 +148,6 @@ func (h *hostView) expectHost(t *testing.T, step string, w want) {
 	if got := mountsUnder(t, h.dir); !slices.Equal(got, wantMounts) {
 		t.Errorf("%s: mounts under the state dir are %q, want exactly %q", step, got, wantMounts)
 	}
-}
-
-// dialConn connects to a csid socket.
-func dialConn(t testing.TB, socket string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
-// clients are the three CSI services of one connection.
-type clients struct {
-	id   csi.IdentityClient
-	ctrl csi.ControllerClient
-	node csi.NodeClient
-}
-
-func newClients(conn *grpc.ClientConn) clients {
-	return clients{id: csi.NewIdentityClient(conn), ctrl: csi.NewControllerClient(conn), node: csi.NewNodeClient(conn)}
 }
 
 // tmpfsDir is a short temporary directory with a private tmpfs mounted on

@@ -40,7 +40,7 @@ func TestIdempotency(t *testing.T) {
 	dir := tmpfsDir(t)
 	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
 	h := newHostView(t, dir)
-	c := newClients(dialConn(t, in.Socket))
+	c := apptest.Dial(t, in.Socket)
 
 	t.Run("sequential x3", func(t *testing.T) {
 		lifecycle(t, c, h, repeat{n: 3}, filepath.Join(dir, "seq"))
@@ -118,7 +118,7 @@ const mib = int64(1) << 20
 
 // lifecycle is one pass of TestIdempotency. base is a fresh directory for
 // the pass's staging and target paths.
-func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
+func lifecycle(t *testing.T, c apptest.Client, h *hostView, r repeat, base string) {
 	staging := filepath.Join(base, "staging")
 	target1, target2 := filepath.Join(base, "pods", "a", "mount"), filepath.Join(base, "pods", "b", "mount")
 	// The CO creates the staging directory and the targets' parents.
@@ -132,7 +132,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 
 	// CreateVolume.
 	created, err := same(t, r, "CreateVolume", func(ctx context.Context) (*csi.CreateVolumeResponse, error) {
-		return c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{vc},
+		return c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{vc},
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 64 * mib}})
 	})
 	mustOK(t, "CreateVolume", err)
@@ -150,7 +150,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 
 	// ControllerExpandVolume of the detached volume: it grows now.
 	expanded, err := same(t, r, "ControllerExpandVolume (detached)", func(ctx context.Context) (*csi.ControllerExpandVolumeResponse, error) {
-		return c.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
+		return c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 80 * mib}, VolumeCapability: vc})
 	})
 	mustOK(t, "ControllerExpandVolume (detached)", err)
@@ -162,12 +162,12 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 	// The controller's read-only RPCs.
 	reads(t, c, r, id, vc, "")
 	if cp, err := same(t, r, "GetCapacity", func(ctx context.Context) (*csi.GetCapacityResponse, error) {
-		return c.ctrl.GetCapacity(ctx, &csi.GetCapacityRequest{VolumeCapabilities: []*csi.VolumeCapability{vc}})
+		return c.GetCapacity(ctx, &csi.GetCapacityRequest{VolumeCapabilities: []*csi.VolumeCapability{vc}})
 	}); err != nil || cp.GetAvailableCapacity() <= 0 {
 		t.Errorf("GetCapacity answered (%v, %v), want some free capacity", cp, err)
 	}
 	info, err := same(t, r, "NodeGetInfo", func(ctx context.Context) (*csi.NodeGetInfoResponse, error) {
-		return c.node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+		return c.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
 	})
 	mustOK(t, "NodeGetInfo", err)
 	if info.GetNodeId() != "node-1" {
@@ -176,7 +176,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 
 	// ControllerPublishVolume.
 	published, err := same(t, r, "ControllerPublishVolume", func(ctx context.Context) (*csi.ControllerPublishVolumeResponse, error) {
-		return c.ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})
+		return c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})
 	})
 	mustOK(t, "ControllerPublishVolume", err)
 	if got := published.GetPublishContext()[effects.PublishContextDiskID]; got != disk {
@@ -186,7 +186,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 
 	// NodeStageVolume.
 	_, err = same(t, r, "NodeStageVolume", func(ctx context.Context) (*csi.NodeStageVolumeResponse, error) {
-		return c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+		return c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
 			VolumeCapability: vc, PublishContext: published.GetPublishContext()})
 	})
 	mustOK(t, "NodeStageVolume", err)
@@ -197,7 +197,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 	for i, target := range []string{target1, target2} {
 		rpc := fmt.Sprintf("NodePublishVolume (target %d)", i+1)
 		_, err := same(t, r, rpc, func(ctx context.Context) (*csi.NodePublishVolumeResponse, error) {
-			return c.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			return c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
 				TargetPath: target, VolumeCapability: vc, PublishContext: published.GetPublishContext()})
 		})
 		mustOK(t, rpc, err)
@@ -208,7 +208,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 	// NodeGetVolumeStats at a target and at the staging path.
 	for _, p := range []string{target1, staging} {
 		st, err := same(t, r, "NodeGetVolumeStats "+p, func(ctx context.Context) (*csi.NodeGetVolumeStatsResponse, error) {
-			return c.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p, StagingTargetPath: staging})
+			return c.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p, StagingTargetPath: staging})
 		})
 		mustOK(t, "NodeGetVolumeStats", err)
 		if len(st.GetUsage()) == 0 || st.GetUsage()[0].GetTotal() <= 0 {
@@ -220,7 +220,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 	// ControllerExpandVolume of the attached volume: FailedPrecondition,
 	// the resize queued until the volume is unpublished.
 	_, err = same(t, r, "ControllerExpandVolume (attached)", func(ctx context.Context) (*csi.ControllerExpandVolumeResponse, error) {
-		return c.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
+		return c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 96 * mib}, VolumeCapability: vc})
 	})
 	if s := status.Convert(err); s.Code() != codes.FailedPrecondition || !strings.Contains(s.Message(), "queued") {
@@ -231,7 +231,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 
 	// NodeExpandVolume.
 	nodeExpanded, err := same(t, r, "NodeExpandVolume", func(ctx context.Context) (*csi.NodeExpandVolumeResponse, error) {
-		return c.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target1,
+		return c.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target1,
 			StagingTargetPath: staging, VolumeCapability: vc})
 	})
 	mustOK(t, "NodeExpandVolume", err)
@@ -243,7 +243,7 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 	for i, target := range []string{target2, target1} {
 		rpc := fmt.Sprintf("NodeUnpublishVolume (target %d)", 2-i)
 		_, err := same(t, r, rpc, func(ctx context.Context) (*csi.NodeUnpublishVolumeResponse, error) {
-			return c.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+			return c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
 		})
 		mustOK(t, rpc, err)
 		if _, err := os.Lstat(target); !os.IsNotExist(err) {
@@ -255,21 +255,21 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 
 	// NodeUnstageVolume.
 	_, err = same(t, r, "NodeUnstageVolume", func(ctx context.Context) (*csi.NodeUnstageVolumeResponse, error) {
-		return c.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+		return c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
 	})
 	mustOK(t, "NodeUnstageVolume", err)
 	h.expectHost(t, "NodeUnstageVolume", want{disk: disk, sizeBytes: 80 * mib, attachedTo: "node-1", loops: 1})
 
 	// ControllerUnpublishVolume: detached, and the queued resize starts.
 	_, err = same(t, r, "ControllerUnpublishVolume", func(ctx context.Context) (*csi.ControllerUnpublishVolumeResponse, error) {
-		return c.ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})
+		return c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})
 	})
 	mustOK(t, "ControllerUnpublishVolume", err)
 
 	// The resizer's retry of the queued expansion waits for the resize the
 	// unpublish started, and reports the new size.
 	expanded, err = same(t, r, "ControllerExpandVolume (after unpublish)", func(ctx context.Context) (*csi.ControllerExpandVolumeResponse, error) {
-		return c.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
+		return c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 96 * mib}, VolumeCapability: vc})
 	})
 	mustOK(t, "ControllerExpandVolume (after unpublish)", err)
@@ -280,11 +280,11 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 
 	// DeleteVolume.
 	_, err = same(t, r, "DeleteVolume", func(ctx context.Context) (*csi.DeleteVolumeResponse, error) {
-		return c.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		return c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
 	})
 	mustOK(t, "DeleteVolume", err)
 	h.expectHost(t, "DeleteVolume", want{})
-	list, err := c.ctrl.ListVolumes(context.Background(), &csi.ListVolumesRequest{})
+	list, err := c.ListVolumes(context.Background(), &csi.ListVolumesRequest{})
 	mustOK(t, "ListVolumes", err)
 	if len(list.GetEntries()) != 0 {
 		t.Errorf("after DeleteVolume ListVolumes still lists %v", list.GetEntries())
@@ -294,14 +294,14 @@ func lifecycle(t *testing.T, c clients, h *hostView, r repeat, base string) {
 // reads sends the controller's read-only RPCs about volume id and checks
 // that they agree with each other: the volume, published to node ("" for
 // none).
-func reads(t *testing.T, c clients, r repeat, id string, vc *csi.VolumeCapability, node string) {
+func reads(t *testing.T, c apptest.Client, r repeat, id string, vc *csi.VolumeCapability, node string) {
 	t.Helper()
 	var wantNodes []string
 	if node != "" {
 		wantNodes = []string{node}
 	}
 	list, err := same(t, r, "ListVolumes", func(ctx context.Context) (*csi.ListVolumesResponse, error) {
-		return c.ctrl.ListVolumes(ctx, &csi.ListVolumesRequest{})
+		return c.ListVolumes(ctx, &csi.ListVolumesRequest{})
 	})
 	mustOK(t, "ListVolumes", err)
 	if e := list.GetEntries(); len(e) != 1 || e[0].GetVolume().GetVolumeId() != id ||
@@ -309,14 +309,14 @@ func reads(t *testing.T, c clients, r repeat, id string, vc *csi.VolumeCapabilit
 		t.Errorf("ListVolumes answered %v, want volume %s published to %v", list, id, wantNodes)
 	}
 	got, err := same(t, r, "ControllerGetVolume", func(ctx context.Context) (*csi.ControllerGetVolumeResponse, error) {
-		return c.ctrl.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: id})
+		return c.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: id})
 	})
 	mustOK(t, "ControllerGetVolume", err)
 	if got.GetVolume().GetVolumeId() != id || !slices.Equal(got.GetStatus().GetPublishedNodeIds(), wantNodes) {
 		t.Errorf("ControllerGetVolume answered %v, want volume %s published to %v", got, id, wantNodes)
 	}
 	valid, err := same(t, r, "ValidateVolumeCapabilities", func(ctx context.Context) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-		return c.ctrl.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id,
+		return c.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id,
 			VolumeCapabilities: []*csi.VolumeCapability{vc}})
 	})
 	mustOK(t, "ValidateVolumeCapabilities", err)

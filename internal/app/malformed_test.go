@@ -50,8 +50,7 @@ func TestMalformedRequests(t *testing.T) {
 	testutil.RequireRoot(t)
 	in := apptest.Start(t, app.Options{Cloud: "local", Log: zerolog.Nop()})
 	h := newHostView(t, in.Dir)
-	conn := dialConn(t, in.Socket)
-	c := newClients(conn)
+	c := apptest.Dial(t, in.Socket)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -68,7 +67,7 @@ func TestMalformedRequests(t *testing.T) {
 
 	// A real volume, never published: rows about known volumes use it.
 	vc := mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
-	realVol, err := c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "malformed-real",
+	realVol, err := c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "malformed-real",
 		VolumeCapabilities: []*csi.VolumeCapability{vc}, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 * mib}})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +87,7 @@ func TestMalformedRequests(t *testing.T) {
 		covered[m.name] = true
 		t.Run(m.short+"/"+row.name, func(t *testing.T) {
 			resp := m.newResponse()
-			err := conn.Invoke(ctx, m.name, row.req, resp)
+			err := c.Conn.Invoke(ctx, m.name, row.req, resp)
 			st := status.Convert(err)
 			if st.Code() != row.code {
 				t.Fatalf("%s: got %s (%q), want %s", m.short, st.Code(), st.Message(), row.code)
@@ -121,7 +120,7 @@ func TestMalformedRequests(t *testing.T) {
 
 	// The volumes that legitimately exist go, and nothing may be left.
 	for _, id := range append(created, realID) {
-		if _, err := c.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		if _, err := c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 			t.Errorf("DeleteVolume %s: %v", id, err)
 		}
 	}

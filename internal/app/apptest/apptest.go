@@ -103,8 +103,10 @@ func ShortTempDir(t testing.TB) string {
 	return dir
 }
 
-// Client speaks the CSI services to a csid socket.
+// Client speaks the CSI services to a csid socket; Conn is its connection
+// (for a call by method name).
 type Client struct {
+	Conn *grpc.ClientConn
 	csi.IdentityClient
 	csi.ControllerClient
 	csi.NodeClient
@@ -119,7 +121,7 @@ func Dial(t testing.TB, socket string) Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return Client{csi.NewIdentityClient(conn), csi.NewControllerClient(conn), csi.NewNodeClient(conn)}
+	return Client{Conn: conn, IdentityClient: csi.NewIdentityClient(conn), ControllerClient: csi.NewControllerClient(conn), NodeClient: csi.NewNodeClient(conn)}
 }
 
 // MountCap is a single-node-writer filesystem capability of type fs.
