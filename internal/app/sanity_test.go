@@ -1,9 +1,6 @@
 package app_test
 
 import (
-	"context"
-	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -11,8 +8,6 @@ import (
 
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/app/apptest"
-	"github.com/csid-dev/csid/internal/cloud/local"
-	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"github.com/onsi/ginkgo/v2"
@@ -80,26 +75,11 @@ func TestSanity(t *testing.T) {
 // or a mount under the state dir, is left.
 func checkNothingLeft(t *testing.T, what, dir string) {
 	t.Helper()
-	ctx := context.Background()
-	c, err := local.Open(ctx, dir, local.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	devs, err := c.Host("node-1").Devices(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(devs) > 0 {
+	h := newHostView(t, dir)
+	if devs := h.hostDevices(t); len(devs) > 0 {
 		t.Errorf("%s: loop devices left: %v", what, devs)
 	}
-	mounts, err := mounter.New().List(ctx)
-	if err != nil {
-		t.Fatal(err)
+	for _, m := range mountsUnder(t, h.dir) {
+		t.Errorf("%s: mount left at %s", what, m)
 	}
-	for _, m := range mounts {
-		if strings.HasPrefix(m.Path, dir+string(os.PathSeparator)) {
-			t.Errorf("%s: mount left at %s (%s)", what, m.Path, m.Device)
-		}
-	}
-	fmt.Fprint(os.Stderr)
 }
