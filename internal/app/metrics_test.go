@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -197,7 +198,7 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 		"NodeUnpublishVolume/OK": 1, "NodeUnstageVolume/OK": 1, "ControllerUnpublishVolume/OK": 1,
 		"ControllerExpandVolume/OK": 1, "DeleteVolume/OK": 1,
 	}
-	if got := m.counts("csid_rpc_duration_seconds", "method", "code"); !mapsEqual(got, wantRPCs) {
+	if got := m.counts("csid_rpc_duration_seconds", "method", "code"); !maps.Equal(got, wantRPCs) {
 		t.Errorf("csid_rpc_duration_seconds counts by method/code:\n got %v\nwant %v", got, wantRPCs)
 	}
 	// Ops: one per transition, the failed attach as failed, the retried
@@ -263,18 +264,6 @@ func wantStates(t *testing.T, m families, want fsm.State) {
 			t.Errorf("csid_volumes{state=%s} = %v, want %v", st, got, n)
 		}
 	}
-}
-
-func mapsEqual(a, b map[string]uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // checkDocumented holds docs/operations.md to the metrics: every csid_
