@@ -2,7 +2,6 @@ package drill
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/testutil"
 )
 
@@ -31,23 +31,12 @@ func buildCSID(t *testing.T, dir string, tags ...string) string {
 	return bin
 }
 
-// shortDir is a temporary directory with a short path (unix sockets).
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "csid-d-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // TestDrill runs the full matrix against the real csid binary: every hit
 // of every crash point in every scenario. It must pass, and every crash
 // point must fire. CSID_DRILL_SCENARIOS limits the scenarios (comma list).
 func TestDrill(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := shortDir(t)
+	dir := apptest.ShortTempDir(t)
 	cfg := Config{Binary: buildCSID(t, dir), Dir: dir}
 	if s := os.Getenv("CSID_DRILL_SCENARIOS"); s != "" {
 		cfg.Scenarios = strings.Split(s, ",")
@@ -69,7 +58,6 @@ func TestDrill(t *testing.T) {
 	if len(cfg.Scenarios) == 0 && len(rep.Unfired) > 0 {
 		t.Errorf("crash points that never fired: %v", rep.Unfired)
 	}
-	fmt.Fprint(os.Stderr)
 }
 
 // TestDrillCatchesANonIdempotentExecutor builds csid with a planted bug (the
@@ -79,7 +67,7 @@ func TestDrill(t *testing.T) {
 // disk.
 func TestDrillCatchesANonIdempotentExecutor(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := shortDir(t)
+	dir := apptest.ShortTempDir(t)
 	rep, err := Run(context.Background(), Config{Binary: buildCSID(t, dir, "drillbug"), Dir: dir,
 		Scenarios: []string{"create"}, Points: []string{"cloud.after_create"}})
 	if err != nil {

@@ -1,8 +1,8 @@
 // Package apptest runs csid in-process for tests (app.Run: the real
 // wiring, the real gRPC server on a real unix socket, the real backend),
-// and holds what the tests of internal/app and cmd/csid share to talk to
-// it: a short temporary directory for its sockets, a CSI client, and
-// Result for calls that must succeed.
+// and holds what tests share to talk to it: a short temporary directory
+// for its sockets (the drill's tests use it too), a CSI client, and Result
+// for calls that must succeed.
 package apptest
 
 import (
