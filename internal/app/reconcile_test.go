@@ -15,6 +15,7 @@ import (
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/csid-dev/csid/internal/view"
@@ -226,40 +227,14 @@ func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 // being told they are done) and the data is there.
 func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := apptest.ShortTempDir(t)
-	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
-	c := apptest.Dial(t, in.Socket)
-	ctx := context.Background()
-	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
-	id := useVolume(t, c, c, "pvc-a", stage, targets)
-	if err := os.WriteFile(filepath.Join(targets[0], "data"), []byte("before the reboot"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	in.Stop(t)
-	m := mounter.New()
-	for _, p := range append(targets, stage) { // the reboot
-		if err := m.Unmount(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	in = apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
-	c = apptest.Dial(t, in.Socket)
-	vc := apptest.MountCap("ext4")
-	pub := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
-	if err := os.MkdirAll(stage, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pub.PublishContext})).Must(t)
-	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: targets[0], StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
-	if got, err := os.ReadFile(filepath.Join(targets[0], "data")); err != nil || string(got) != "before the reboot" {
-		t.Fatalf("after the reboot the pod sees %q, %v", got, err)
-	}
-	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targets[0]})).Must(t)
-	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).Must(t)
-	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
-	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
-	in.Stop(t)
-	checkNothingLeft(t, "reboot", dir)
+	p := startPodVolume(t, "before the reboot")
+	p.in.Stop(t)
+	p.unmount(t) // the reboot
+	p.in = apptest.Start(t, app.Options{Cloud: "local", StateDir: p.dir, Log: zerolog.Nop()})
+	p.c = apptest.Dial(t, p.in.Socket)
+	pub := apptest.R(p.c.ControllerPublishVolume(context.Background(), &csi.ControllerPublishVolumeRequest{VolumeId: p.id, NodeId: "node-1",
+		VolumeCapability: apptest.MountCap("ext4")})).Must(t)
+	p.remount(t, pub.PublishContext, "after the reboot", "reboot")
 }
 
 // TestRepeatedStageRemountsWhatVanishedWhileRunning: csid is running when
@@ -269,37 +244,67 @@ func TestNodeRollsBackRecordsWhoseMountsVanished(t *testing.T) {
 // mounts again; the pod sees its data.
 func TestRepeatedStageRemountsWhatVanishedWhileRunning(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := apptest.ShortTempDir(t)
-	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, Log: zerolog.Nop()})
-	c := apptest.Dial(t, in.Socket)
-	ctx := context.Background()
-	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
-	id := useVolume(t, c, c, "pvc-a", stage, targets)
-	if err := os.WriteFile(filepath.Join(targets[0], "data"), []byte("still here"), 0o644); err != nil {
+	p := startPodVolume(t, "still here")
+	p.unmount(t)
+	p.remount(t, map[string]string{effects.PublishContextDiskID: inspectDisk(t, p.dir, p.id)}, "after the repeated stage and publish", "remount")
+}
+
+// podVolume is a volume of an all-in-one csid on the local backend,
+// staged and published at kubelet's paths for pod-a, holding a file.
+type podVolume struct {
+	dir, id, stage, target, data string
+	in                           *apptest.Instance
+	c                            apptest.Client
+}
+
+// startPodVolume starts csid, and creates, attaches, stages and publishes
+// the volume; the pod writes data to its file.
+func startPodVolume(t *testing.T, data string) *podVolume {
+	t.Helper()
+	p := &podVolume{dir: apptest.ShortTempDir(t), data: data}
+	p.in = apptest.Start(t, app.Options{Cloud: "local", StateDir: p.dir, Log: zerolog.Nop()})
+	p.c = apptest.Dial(t, p.in.Socket)
+	stage, targets := kubeletPaths(filepath.Join(p.dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a")
+	p.stage, p.target = stage, targets[0]
+	p.id = useVolume(t, p.c, p.c, "pvc-a", stage, targets)
+	if err := os.WriteFile(filepath.Join(p.target, "data"), []byte(data), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// unmount unmounts the target and the staging path behind csid's back.
+func (p *podVolume) unmount(t *testing.T) {
+	t.Helper()
 	m := mounter.New()
-	for _, p := range append(targets, stage) {
-		if err := m.Unmount(ctx, p); err != nil {
+	for _, path := range []string{p.target, p.stage} {
+		if err := m.Unmount(context.Background(), path); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// remount is kubelet's repeated NodeStage (with publish context pc) and
+// NodePublish: the pod must see its file (when says after what). Then
+// the volume comes down and goes, csid stops, and nothing may be left.
+func (p *podVolume) remount(t *testing.T, pc map[string]string, when, what string) {
+	t.Helper()
+	ctx := context.Background()
 	vc := apptest.MountCap("ext4")
-	if err := os.MkdirAll(stage, 0o750); err != nil {
+	if err := os.MkdirAll(p.stage, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc,
-		PublishContext: map[string]string{"csid.dev/disk-id": inspectDisk(t, dir, id)}})).Must(t)
-	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: targets[0], StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
-	if got, err := os.ReadFile(filepath.Join(targets[0], "data")); err != nil || string(got) != "still here" {
-		t.Fatalf("after the repeated stage and publish the pod sees %q, %v", got, err)
+	apptest.R(p.c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: p.id, StagingTargetPath: p.stage, VolumeCapability: vc, PublishContext: pc})).Must(t)
+	apptest.R(p.c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: p.id, TargetPath: p.target, StagingTargetPath: p.stage, VolumeCapability: vc})).Must(t)
+	if got, err := os.ReadFile(filepath.Join(p.target, "data")); err != nil || string(got) != p.data {
+		t.Fatalf("%s the pod sees %q, %v", when, got, err)
 	}
-	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: targets[0]})).Must(t)
-	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage})).Must(t)
-	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
-	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
-	in.Stop(t)
-	checkNothingLeft(t, "remount", dir)
+	apptest.R(p.c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: p.id, TargetPath: p.target})).Must(t)
+	apptest.R(p.c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: p.id, StagingTargetPath: p.stage})).Must(t)
+	apptest.R(p.c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: p.id, NodeId: "node-1"})).Must(t)
+	apptest.R(p.c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: p.id})).Must(t)
+	p.in.Stop(t)
+	checkNothingLeft(t, what, p.dir)
 }
 
 // inspectDisk reads a volume's disk id from an all-in-one csid's admin socket.
