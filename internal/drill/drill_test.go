@@ -2,6 +2,7 @@ package drill
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,7 +53,9 @@ func TestDrill(t *testing.T) {
 	t.Logf("\n%s\n%s", table.String(), rep.Summary())
 	for _, c := range rep.Cells {
 		if c.Result == Fail {
-			t.Errorf("%s at %s:%d: %s (kept in %s)", c.Scenario, c.Point, c.Hit, c.Reason, c.Dir)
+			// The cell's dir goes with the test's temp dir, so its log is
+			// shown here (`csid drill` keeps the dir instead).
+			t.Errorf("%s at %s:%d: %s\n%s", c.Scenario, c.Point, c.Hit, c.Reason, logTail(filepath.Join(c.Dir, "csid.log"), 40))
 		}
 	}
 	if len(cfg.Scenarios) == 0 && len(rep.Unfired) > 0 {
@@ -86,4 +89,14 @@ func TestDrillCatchesANonIdempotentExecutor(t *testing.T) {
 	if err != nil || !rep.OK() {
 		t.Fatalf("the drill fails on the real code: %v %s", err, rep.Summary())
 	}
+}
+
+// logTail is the last n lines of the file at path, or why it cannot be read.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return "last lines of " + path + ":\n" + strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
