@@ -47,7 +47,8 @@ PUBLISH_UNPUBLISH_VOLUME, stage with STAGE_UNSTAGE_VOLUME). Volume names start
 with --prefix and a random run id. Every volume the run creates is deleted at
 the end, also after Ctrl-C (press it twice to leave them); a journal under
 --journal-dir lets the next run (or --cleanup-only) clean up after a run that
-was killed, and ListVolumes confirms nothing of the run is left.
+was killed. At the end of a run (not with --cleanup-only), ListVolumes confirms
+nothing of the run is left.
 
 The report goes to stdout (a table, or JSON with -o json: docs/benchmarks.md
 describes its fields); a progress line goes to stderr when it is a terminal.
