@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -113,13 +114,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	points := cfg.Points
+	points := slices.Sorted(slices.Values(cfg.Points)) // a copy: the caller's slice stays as it was
 	if len(points) == 0 {
-		for p := range crash.Points {
-			points = append(points, p)
-		}
+		points = slices.Sorted(maps.Keys(crash.Points))
 	}
-	slices.Sort(points)
 	for _, p := range points {
 		if _, ok := crash.Points[p]; !ok {
 			return nil, fmt.Errorf("unknown crash point %q", p)
