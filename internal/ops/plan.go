@@ -111,19 +111,16 @@ func (p *planner) plan(req Request) (decision, error) {
 	return decision{}, fmt.Errorf("ops: no rules for event %q", req.Event)
 }
 
-// newOp builds an op for an accepted request.
-func (p *planner) newOp(v *store.Volume, step fsm.Step, raw []byte, fp string) *store.Op {
-	return &store.Op{Event: step.Event, Guard: step.Guard, From: step.From, To: step.To,
-		Args: raw, Fingerprint: fp, CreatedAt: p.now}
-}
-
+// acceptStep accepts the request as a new op taking step (e, g) from the
+// volume's state.
 func (p *planner) acceptStep(v *store.Volume, e fsm.Event, g fsm.Guard, raw []byte, fp string) (decision, error) {
 	step, err := fsm.Next(v.State, e, g)
 	if err != nil {
 		return decision{}, err // callers check legality first; this is a bug
 	}
-	nv := cloneVolume(v)
-	return decision{kind: accept, vol: nv, op: p.newOp(nv, step, raw, fp)}, nil
+	op := &store.Op{Event: step.Event, Guard: step.Guard, From: step.From, To: step.To,
+		Args: raw, Fingerprint: fp, CreatedAt: p.now}
+	return decision{kind: accept, vol: v.Clone(), op: op}, nil
 }
 
 func rejectf(code codes.Code, format string, args ...any) (decision, error) {
@@ -173,11 +170,18 @@ func undoingTarget(active *store.Op, target string) bool {
 	return err != nil || a.TargetPath == target
 }
 
-// negates reports whether a request for e negates the active op: the
-// active op is e's forward event on the same slot.
-func negates(active *store.Op, e fsm.Event, sameSlot bool) bool {
+// negates reports whether a request for e meets its forward event in
+// flight; the caller checks that both are about the same slot (node, path).
+func negates(active *store.Op, e fsm.Event) bool {
 	f, ok := fsm.Forward(e)
-	return ok && active.Event == f && sameSlot
+	return ok && active != nil && active.Event == f
+}
+
+// cancelling is the answer of a request that negates the forward op in
+// flight: cancel it, then plan again.
+func cancelling(active *store.Op, what string) decision {
+	return decision{kind: cancelThenReplan, seq: active.Seq,
+		why: fmt.Sprintf("cancelling %s operation %d of volume %s", what, active.Seq, active.VolumeID)}
 }
 
 func (p *planner) planCreate(a *CreateArgs, raw []byte, fp string) (decision, error) {
@@ -300,16 +304,13 @@ func (p *planner) planControllerUnpublish(req Request, v *store.Volume, active *
 	if v == nil {
 		return doneWith(&store.Volume{ID: req.VolumeID, State: fsm.Absent})
 	}
-	if active != nil {
-		if negates(active, fsm.ControllerUnpublish, true) {
-			pa, err := DecodeArgs[ControllerPublishArgs](active)
-			if err != nil {
-				return decision{}, err
-			}
-			if a.Node == "" || a.Node == pa.Node {
-				return decision{kind: cancelThenReplan, seq: active.Seq,
-					why: fmt.Sprintf("cancelling publish operation %d of volume %s", active.Seq, v.ID)}, nil
-			}
+	if negates(active, fsm.ControllerUnpublish) {
+		pa, err := DecodeArgs[ControllerPublishArgs](active)
+		if err != nil {
+			return decision{}, err
+		}
+		if a.Node == "" || a.Node == pa.Node {
+			return cancelling(active, "publish"), nil
 		}
 	}
 	if v.Attachment == nil || (a.Node != "" && a.Node != v.Attachment.Node) {
@@ -360,16 +361,13 @@ func (p *planner) planNodeUnstage(req Request, v *store.Volume, active *store.Op
 	if v == nil {
 		return doneWith(&store.Volume{ID: req.VolumeID, State: fsm.Absent})
 	}
-	if active != nil {
-		if negates(active, fsm.NodeUnstage, true) {
-			sa, err := DecodeArgs[NodeStageArgs](active)
-			if err != nil {
-				return decision{}, err
-			}
-			if sa.StagingPath == a.StagingPath {
-				return decision{kind: cancelThenReplan, seq: active.Seq,
-					why: fmt.Sprintf("cancelling stage operation %d of volume %s", active.Seq, v.ID)}, nil
-			}
+	if negates(active, fsm.NodeUnstage) {
+		sa, err := DecodeArgs[NodeStageArgs](active)
+		if err != nil {
+			return decision{}, err
+		}
+		if sa.StagingPath == a.StagingPath {
+			return cancelling(active, "stage"), nil
 		}
 	}
 	if v.Stage == nil || (v.Stage.Path != "" && v.Stage.Path != a.StagingPath) { // "": adopted block stage
@@ -417,16 +415,13 @@ func (p *planner) planNodeUnpublish(req Request, v *store.Volume, active *store.
 	if v == nil {
 		return doneWith(&store.Volume{ID: req.VolumeID, State: fsm.Absent})
 	}
-	if active != nil {
-		if negates(active, fsm.NodeUnpublish, true) {
-			pa, err := DecodeArgs[NodePublishArgs](active)
-			if err != nil {
-				return decision{}, err
-			}
-			if pa.TargetPath == a.TargetPath {
-				return decision{kind: cancelThenReplan, seq: active.Seq,
-					why: fmt.Sprintf("cancelling publish operation %d of volume %s", active.Seq, v.ID)}, nil
-			}
+	if negates(active, fsm.NodeUnpublish) {
+		pa, err := DecodeArgs[NodePublishArgs](active)
+		if err != nil {
+			return decision{}, err
+		}
+		if pa.TargetPath == a.TargetPath {
+			return cancelling(active, "publish"), nil
 		}
 	}
 	if _, ok := v.Targets[a.TargetPath]; !ok {
@@ -547,5 +542,3 @@ func mergeResize(r *store.Resize, id string, size int64, now time.Time) *store.R
 	}
 	return &m
 }
-
-func cloneVolume(v *store.Volume) *store.Volume { return v.Clone() }
