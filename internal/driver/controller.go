@@ -148,12 +148,9 @@ func (d *Driver) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if err := required("node_id", req.GetNodeId()); err != nil {
 		return nil, err
 	}
-	c, why, err := toCapability(req.GetVolumeCapability())
+	c, err := capability(req.GetVolumeCapability(), codes.InvalidArgument)
 	if err != nil {
 		return nil, err
-	}
-	if why != "" {
-		return nil, invalid("%s", why)
 	}
 	if req.GetReadonly() {
 		return nil, invalid("csid does not attach disks read-only (no PUBLISH_READONLY); publish read-only on the node instead")
@@ -317,13 +314,10 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 		return nil, invalid("capacity_range is required")
 	}
 	var c store.Capability
-	if req.GetVolumeCapability() != nil {
-		var why unsupported
+	if vc := req.GetVolumeCapability(); vc != nil {
 		var err error
-		if c, why, err = toCapability(req.GetVolumeCapability()); err != nil {
+		if c, err = capability(vc, codes.InvalidArgument); err != nil {
 			return nil, err
-		} else if why != "" {
-			return nil, invalid("%s", why)
 		}
 	}
 	size, _, limit, err := sizeFor(req.GetCapacityRange(), 0)

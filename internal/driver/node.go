@@ -40,20 +40,6 @@ func (d *Driver) NodeGetInfo(ctx context.Context, _ *csi.NodeGetInfoRequest) (*c
 	return resp, nil
 }
 
-// nodeCapability converts the capability of a node request: an unsupported
-// one is FailedPrecondition on the node (the CSI tables).
-func nodeCapability(vc *csi.VolumeCapability) (c ops.NodeStageArgs, err error) {
-	cp, why, err := toCapability(vc)
-	if err != nil {
-		return c, err
-	}
-	if why != "" {
-		return c, status.Errorf(codes.FailedPrecondition, "%s", why)
-	}
-	c.Capability = cp
-	return c, nil
-}
-
 // NodeStageVolume finds the volume's device and, for a filesystem volume,
 // formats it if (and only if) it is provably blank, mounts it at the staging
 // path and grows the filesystem to the device.
@@ -64,15 +50,15 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err := checkPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	args, err := nodeCapability(req.GetVolumeCapability())
+	c, err := capability(req.GetVolumeCapability(), codes.FailedPrecondition)
 	if err != nil {
 		return nil, err
 	}
 	if !knownVolumeID(req.GetVolumeId()) {
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", req.GetVolumeId())
 	}
-	args.StagingPath, args.PublishContext = req.GetStagingTargetPath(), req.GetPublishContext()
-	if _, err := d.cfg.Engine.Submit(ctx, ops.Request{VolumeID: req.GetVolumeId(), Event: fsm.NodeStage, Args: &args}); err != nil {
+	if _, err := d.cfg.Engine.Submit(ctx, ops.Request{VolumeID: req.GetVolumeId(), Event: fsm.NodeStage,
+		Args: &ops.NodeStageArgs{StagingPath: req.GetStagingTargetPath(), Capability: c, PublishContext: req.GetPublishContext()}}); err != nil {
 		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
@@ -106,7 +92,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err := checkPath("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
-	stage, err := nodeCapability(req.GetVolumeCapability())
+	c, err := capability(req.GetVolumeCapability(), codes.FailedPrecondition)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +107,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	}
 	if _, err := d.cfg.Engine.Submit(ctx, ops.Request{VolumeID: req.GetVolumeId(), Event: fsm.NodePublish,
 		Args: &ops.NodePublishArgs{TargetPath: req.GetTargetPath(), StagingPath: req.GetStagingTargetPath(),
-			ReadOnly: req.GetReadonly(), Capability: stage.Capability}}); err != nil {
+			ReadOnly: req.GetReadonly(), Capability: c}}); err != nil {
 		return nil, err
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
@@ -188,14 +174,12 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if err := required("volume_path", req.GetVolumePath()); err != nil {
 		return nil, err
 	}
-	if req.GetVolumeCapability() != nil {
+	if vc := req.GetVolumeCapability(); vc != nil {
 		// NodeExpandVolume's table: capabilities the volume cannot have are
 		// InvalidArgument (FailedPrecondition would tell the CO never to
 		// retry the expansion).
-		if _, why, err := toCapability(req.GetVolumeCapability()); err != nil {
+		if _, err := capability(vc, codes.InvalidArgument); err != nil {
 			return nil, err
-		} else if why != "" {
-			return nil, invalid("%s", why)
 		}
 	}
 	if req.GetCapacityRange().GetRequiredBytes() < 0 || req.GetCapacityRange().GetLimitBytes() < 0 {

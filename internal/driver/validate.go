@@ -166,6 +166,20 @@ func toCapability(vc *csi.VolumeCapability) (store.Capability, unsupported, erro
 	return c, "", nil
 }
 
+// capability converts a CSI capability that the request requires; one csid
+// does not support is an error with code, which each RPC's table chooses
+// (InvalidArgument on the controller, FailedPrecondition on the node).
+func capability(vc *csi.VolumeCapability, code codes.Code) (store.Capability, error) {
+	c, why, err := toCapability(vc)
+	if err != nil {
+		return c, err
+	}
+	if why != "" {
+		return c, status.Error(code, string(why))
+	}
+	return c, nil
+}
+
 // capabilities converts a required list of capabilities; all must agree on
 // the access type.
 func capabilities(vcs []*csi.VolumeCapability) (store.Capability, unsupported, error) {
