@@ -1,0 +1,78 @@
+package effects_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/fake"
+	"github.com/csid-dev/csid/internal/effects"
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/ops"
+	"github.com/csid-dev/csid/internal/store"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestRefusedAttachGetsItsCode: the cloud's refusals of an attach reach the
+// caller with the code the CSI table gives (chosen by the engine from the
+// cloud's sentinel errors) and a message that names the disk or node.
+func TestRefusedAttachGetsItsCode(t *testing.T) {
+	c := fake.New(fake.Options{})
+	for _, n := range []cloud.Node{{ID: "node-1", MaxAttachments: 1}, {ID: "node-2"}} {
+		if err := c.AddNode(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := store.Open(filepath.Join(t.TempDir(), "csid.db"), store.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	eng := ops.New(ops.Config{Store: st, Executors: (&effects.Controller{Cloud: c}).Executors(), Log: zerolog.Nop(),
+		Retry: &ops.Backoff{Base: time.Millisecond, Cap: time.Millisecond, MaxAttempts: 2}})
+	ctx := context.Background()
+	if err := eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close(ctx) })
+
+	mountCap := store.Capability{AccessType: "mount", AccessMode: "SINGLE_NODE_WRITER"}
+	create := func(name string) store.Volume {
+		out, err := eng.Submit(ctx, ops.Request{Event: fsm.Create, Args: &ops.CreateArgs{Name: name, SizeBytes: 1 << 30, Capability: mountCap}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.Volume
+	}
+	publish := func(id, node string) error {
+		_, err := eng.Submit(ctx, ops.Request{VolumeID: id, Event: fsm.ControllerPublish,
+			Args: &ops.ControllerPublishArgs{Node: node, Capability: mountCap}})
+		return err
+	}
+	a, b, drifted := create("a"), create("b"), create("drifted")
+	if err := publish(a.ID, "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	// node-1 holds its one disk.
+	err = publish(b.ID, "node-1")
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "node node-1 cannot take another disk") {
+		t.Errorf("attach beyond the node's limit: %v", err)
+	}
+	// The cloud has the disk attached elsewhere, behind csid's back.
+	op, err := c.AttachDisk(ctx, drifted.DiskID, "node-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitOperation(ctx, op.ID); err != nil {
+		t.Fatal(err)
+	}
+	err = publish(drifted.ID, "node-1")
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "attached to another node") {
+		t.Errorf("attach of a disk attached elsewhere: %v", err)
+	}
+}
