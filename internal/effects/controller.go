@@ -224,11 +224,13 @@ func (e publishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, erro
 		return ops.Result{}, err
 	}
 	_, err = startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.AttachDisk(ctx, x.Volume.DiskID, a.Node) })
+	// The engine's classify turns these into FailedPrecondition and
+	// ResourceExhausted.
 	switch {
 	case errors.Is(err, cloud.ErrAttached):
-		return ops.Result{}, ops.Errorf(codes.FailedPrecondition, "disk %s of volume %s is attached to another node: %v", x.Volume.DiskID, x.Op.VolumeID, err)
+		return ops.Result{}, fmt.Errorf("disk %s of volume %s is attached to another node: %w", x.Volume.DiskID, x.Op.VolumeID, err)
 	case errors.Is(err, cloud.ErrLimitReached):
-		return ops.Result{}, ops.Errorf(codes.ResourceExhausted, "node %s cannot take another disk: %v", a.Node, err)
+		return ops.Result{}, fmt.Errorf("node %s cannot take another disk: %w", a.Node, err)
 	case err != nil:
 		return ops.Result{}, err
 	}
