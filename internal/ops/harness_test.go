@@ -291,9 +291,12 @@ func wantCode(t testing.TB, err error, code codes.Code) {
 }
 
 // checkInvariants asserts design.md's invariants on the store: every volume
-// in a lifecycle state with a history whose last entry explains it and whose
-// transitions chain; no op left active; no resize entry on a detached idle
-// volume; the executor never ran two ops of one volume at once.
+// in a lifecycle state with a history of legal transitions whose last entry
+// explains it (lines between may have been pruned with their ops); targets
+// only on a published volume; no op left active; no resize entry waiting on
+// a detached idle volume, unless it backs off after a failure (the commit
+// that detached the volume starts the resize); the executor never ran two
+// ops of one volume at once.
 func checkInvariants(t testing.TB, h *harness) {
 	t.Helper()
 	if n := h.ex.overlaps.Load(); n != 0 {
@@ -328,6 +331,9 @@ func checkInvariants(t testing.TB, h *harness) {
 				if err != nil || step.To != e.To {
 					t.Errorf("volume %s history entry %d is not a legal transition: %+v", v.ID, i, e)
 				}
+			}
+			if r, err := tx.Resize(v.ID); err != nil || (r != nil && v.State == fsm.Created && r.NextAttemptAt.IsZero()) {
+				t.Errorf("volume %s is detached and idle, and its resize waits: %+v, %v", v.ID, r, err)
 			}
 			if last := &hist[len(hist)-1]; last.To != v.State {
 				t.Errorf("volume %s is %s but its history ends with %+v", v.ID, v.State, last)
