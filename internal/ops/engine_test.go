@@ -88,9 +88,9 @@ func TestCompletedTransitionReplaysAfterRestart(t *testing.T) {
 	h := newHarness(t)
 	first := h.must(createReq("pvc-a", gib)).Volume
 	pub := h.must(publishReq(first.ID, "node-1")).Volume
-	h.restart()
+	h.stop()
 	h.ex = newFakeExec() // count afresh; the engine of the new "process" uses it
-	h.restart()
+	h.start()
 
 	again := h.must(createReq("pvc-a", gib))
 	if again.Volume.ID != first.ID || again.OpSeq != 0 {

@@ -220,29 +220,29 @@ func (h *harness) must(req Request) Outcome {
 	return out
 }
 
-func (h *harness) volume(id string) *store.Volume {
+// read returns what get reads in a read transaction; an error fails the test.
+func read[T any](h *harness, get func(*store.Tx) (T, error)) T {
 	h.t.Helper()
-	var v *store.Volume
-	if err := h.st.View(func(tx *store.Tx) error { var err error; v, err = tx.Volume(id); return err }); err != nil {
+	var out T
+	if err := h.st.View(func(tx *store.Tx) error { var err error; out, err = get(tx); return err }); err != nil {
 		h.t.Fatal(err)
 	}
-	return v
+	return out
+}
+
+func (h *harness) volume(id string) *store.Volume {
+	h.t.Helper()
+	return read(h, func(tx *store.Tx) (*store.Volume, error) { return tx.Volume(id) })
 }
 
 func (h *harness) resize(id string) *store.Resize {
 	h.t.Helper()
-	var r *store.Resize
-	if err := h.st.View(func(tx *store.Tx) error { var err error; r, err = tx.Resize(id); return err }); err != nil {
-		h.t.Fatal(err)
-	}
-	return r
+	return read(h, func(tx *store.Tx) (*store.Resize, error) { return tx.Resize(id) })
 }
 
 func (h *harness) history(id string) []store.HistoryEntry {
 	h.t.Helper()
-	var hist []store.HistoryEntry
-	_ = h.st.View(func(tx *store.Tx) error { var err error; hist, err = tx.History(id); return err })
-	return hist
+	return read(h, func(tx *store.Tx) ([]store.HistoryEntry, error) { return tx.History(id) })
 }
 
 const gib = int64(1) << 30

@@ -159,15 +159,9 @@ func TestFailedResizeStaysVisibleAndBlocksUntilItSucceeds(t *testing.T) {
 		}
 		return nil
 	}
-	unpub := make(chan error, 1)
-	go func() { _, err := h.submit(unpublishReq(id)); unpub <- err }()
-	if err := <-unpub; err != nil {
-		t.Fatal(err)
-	}
-	// Wait for the resize op the unpublish started to give up.
-	pubErr := make(chan error, 1)
-	go func() { _, err := h.submit(publishReq(id, "node-1")); pubErr <- err }()
-	err = <-pubErr
+	h.must(unpublishReq(id))
+	// The publish waits for the resize op the unpublish started to give up.
+	_, err = h.submit(publishReq(id, "node-1"))
 	wantCode(t, err, codes.Aborted)
 	r := h.resize(id)
 	if r == nil || r.Status != store.ResizeQueued || r.Attempts < 3 || !strings.Contains(r.LastError, "transient") {
@@ -216,10 +210,7 @@ func TestPermanentResizeFailureIsDroppedAndReported(t *testing.T) {
 		t.Fatal("history does not say the resize was dropped")
 	}
 	// The CO's next expand gets the error itself.
-	unwind2 := func() {
-		h.must(unpublishReq(id))
-	}
-	unwind2()
+	h.must(unpublishReq(id))
 	_, err = h.submit(expandReq(id, 2*gib))
 	wantCode(t, err, codes.InvalidArgument)
 	checkInvariants(t, h)
