@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -83,14 +82,14 @@ func BenchmarkCreateDeleteExisting(b *testing.B) {
 		for i := range rates[num] {
 			x = append(x, rates[num][i]/rates[den][i])
 		}
-		return medianF(x)
+		return median(x)
 	}
-	b.ReportMetric(medianF(rates[0]), "pairs/s")
+	b.ReportMetric(median(rates[0]), "pairs/s")
 	b.ReportMetric(ratio(1, 0), "x-5000")
 	b.ReportMetric(ratio(3, 2), "x-5000-randomids")
-	b.ReportMetric(medianF(pages[0]), "pages/pair")
-	b.ReportMetric(medianF(pages[1]), "pages/pair-5000")
-	b.ReportMetric(medianF(pages[3]), "pages/pair-5000-randomids")
+	b.ReportMetric(median(pages[0]), "pages/pair")
+	b.ReportMetric(median(pages[1]), "pages/pair-5000")
+	b.ReportMetric(median(pages[3]), "pages/pair-5000-randomids")
 }
 
 // parallel runs fn(0..n-1) on conc goroutines.
@@ -124,10 +123,4 @@ func randomName() string {
 	var x [16]byte
 	_, _ = rand.Read(x[:])
 	return fmt.Sprintf("pvc-%x", x)
-}
-
-func medianF(x []float64) float64 {
-	s := slices.Clone(x)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

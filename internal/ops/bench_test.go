@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -129,8 +130,8 @@ func toggle(eng *Engine, w, k int) error {
 	return err
 }
 
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
+func median[T cmp.Ordered](x []T) T {
+	s := slices.Clone(x)
 	slices.Sort(s)
 	return s[len(s)/2]
 }
@@ -209,9 +210,8 @@ func BenchmarkRatioConc64(b *testing.B) {
 		c64k = append(c64k, burst(eng10k, conc, perWorker, i))
 		c1 = append(c1, burst(eng0, 1, 2*perWorker, i))
 	}
-	med := func(x []float64) float64 { s := slices.Clone(x); slices.Sort(s); return s[len(s)/2] }
-	b.ReportMetric(med(c1), "conc1-ops/s")
-	b.ReportMetric(med(c64), "conc64-ops/s")
-	b.ReportMetric(med(c64)/med(c1), "x-conc64")
-	b.ReportMetric(med(c64)/med(c64k), "x-10k")
+	b.ReportMetric(median(c1), "conc1-ops/s")
+	b.ReportMetric(median(c64), "conc64-ops/s")
+	b.ReportMetric(median(c64)/median(c1), "x-conc64")
+	b.ReportMetric(median(c64)/median(c64k), "x-10k")
 }
