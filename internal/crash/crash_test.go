@@ -25,6 +25,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// runHits runs the child; it returns whether SIGKILL ended it. Any other
+// failure of the child (it could not arm, say) fails the test.
 func runHits(t *testing.T, hits string, env ...string) (killed bool) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -32,10 +34,12 @@ func runHits(t *testing.T, hits string, env ...string) (killed bool) {
 	err := cmd.Run()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
-		return ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+			return true
+		}
 	}
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("child with hits %q, env %v: %v", hits, env, err)
 	}
 	return false
 }
