@@ -167,16 +167,16 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 	node := r.Host.NodeID()
 	var fixes []fix
 	for diskID, dev := range devices {
+		stage, targets := mountsOf(mounts, dev)
+		if stage == "" && len(targets) == 0 {
+			continue // no mount to explain: no need to ask the cloud
+		}
 		d, err := r.Cloud.GetDisk(ctx, diskID)
 		if err != nil || d.AttachedTo != node || d.Tags[effects.TagVolumeID] == "" {
 			continue // not ours to explain here: `csid check` reports strays
 		}
 		v := byID[d.Tags[effects.TagVolumeID]]
 		if v != nil && v.ActiveOp != 0 {
-			continue
-		}
-		stage, targets := mountsOf(mounts, dev)
-		if stage == "" && len(targets) == 0 {
 			continue
 		}
 		if v != nil && v.Stage != nil && (v.Stage.Path == stage || stage == "") && coversTargets(v, targets) {
