@@ -249,13 +249,6 @@ func (s *Store) View(fn func(tx *Tx) error) error {
 	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx, s: s}) })
 }
 
-// Size is the size of the state file in bytes.
-func (s *Store) Size() int64 {
-	var n int64
-	_ = s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
-	return n
-}
-
 // Close waits for pending commits, then closes the file. It is safe to call
 // more than once.
 func (s *Store) Close() error {

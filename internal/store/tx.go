@@ -469,6 +469,3 @@ func (t *Tx) ForEachResize(fn func(*Resize) bool) error {
 	}
 	return nil
 }
-
-// CountResizes returns the number of resize queue entries.
-func (t *Tx) CountResizes() int { return t.tx.Bucket(bucketResize).Stats().KeyN }
