@@ -22,7 +22,10 @@ type volumeCache struct {
 // working set (the volumes with ops in flight) without any bookkeeping.
 const volumeCacheSize = 4096
 
-func (c *volumeCache) decode(raw []byte) (*Volume, error) {
+// decode returns the decoded form of raw, from the cache if it holds it.
+// keep adds what it had to decode to the cache; a scan of every record
+// passes false, lest it evict the working set.
+func (c *volumeCache) decode(raw []byte, keep bool) (*Volume, error) {
 	c.mu.Lock()
 	v, ok := c.m[string(raw)]
 	c.mu.Unlock()
@@ -33,7 +36,9 @@ func (c *volumeCache) decode(raw []byte) (*Volume, error) {
 	if err := json.Unmarshal(raw, v); err != nil {
 		return nil, err
 	}
-	c.remember(raw, v)
+	if keep {
+		c.remember(raw, v)
+	}
 	return v, nil
 }
 

@@ -72,7 +72,7 @@ func (t *Tx) Volume(id string) (*Volume, error) {
 	if raw == nil {
 		return nil, nil
 	}
-	v, err := t.s.volumes.decode(raw)
+	v, err := t.s.volumes.decode(raw, true)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +106,9 @@ func (t *Tx) VolumeIDByName(name string) string {
 }
 
 // ForEachVolume calls fn for each volume in id order, starting after the id
-// `after` ("" for the first); it stops when fn returns false.
+// `after` ("" for the first); it stops when fn returns false. It reads the
+// decode cache but does not fill it: a scan would evict the records of the
+// volumes with ops in flight.
 func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
 	c := t.tx.Bucket(bucketVolumes).Cursor()
 	var k, raw []byte
@@ -119,7 +121,7 @@ func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
 		}
 	}
 	for ; k != nil; k, raw = c.Next() {
-		v, err := t.s.volumes.decode(raw)
+		v, err := t.s.volumes.decode(raw, false)
 		if err != nil {
 			return fmt.Errorf("decode volume %q: %w", k, err)
 		}
