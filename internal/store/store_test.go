@@ -507,3 +507,54 @@ func TestUpdateAfterCloseFails(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 }
+
+// TestVolumeReadsAreTheCallersOwn: Volume returns a record from the decode
+// cache, but one the caller owns; changing it changes neither the cache nor
+// the next read, and a record written anew is read as written.
+func TestVolumeReadsAreTheCallersOwn(t *testing.T) {
+	s, _ := openTemp(t, Options{NoSync: true})
+	v := &Volume{ID: "v1", State: fsm.Absent, Parameters: map[string]string{"k": "v"},
+		Capability: Capability{AccessType: "mount", MountFlags: []string{"noatime"}},
+		Attachment: &Attachment{Node: "n1", PublishContext: map[string]string{"p": "c"}},
+		Stage:      &Stage{Path: "/s"}, Targets: map[string]Target{"/t": {}}}
+	op := &Op{Event: fsm.Create}
+	if err := s.Update(func(tx *Tx) error { vv := *v; return tx.Accept(&vv, op) }); err != nil {
+		t.Fatal(err)
+	}
+	read := func() *Volume {
+		var got *Volume
+		if err := s.View(func(tx *Tx) error { var err error; got, err = tx.Volume("v1"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	first := read()
+	first.Parameters["k"] = "changed"
+	first.Capability.MountFlags[0] = "changed"
+	first.Attachment.PublishContext["p"] = "changed"
+	first.Stage.Path = "changed"
+	first.Targets["/other"] = Target{}
+	again := read()
+	if again.Parameters["k"] != "v" || again.Capability.MountFlags[0] != "noatime" || again.Attachment.PublishContext["p"] != "c" ||
+		again.Stage.Path != "/s" || len(again.Targets) != 1 {
+		t.Fatalf("a change to a read record leaked into the next read: %+v", again)
+	}
+	// Finishing the op rewrites the record; the next read sees the new one.
+	if err := s.Update(func(tx *Tx) error {
+		cur, err := tx.Volume("v1")
+		if err != nil {
+			return err
+		}
+		o, err := tx.Op(op.Seq)
+		if err != nil {
+			return err
+		}
+		cur.State, cur.Generation, o.Status = fsm.Created, 1, OpSucceeded
+		return tx.Finish(cur, o)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got.State != fsm.Created || got.Generation != 1 || got.ActiveOp != 0 {
+		t.Fatalf("after the finish: %+v", got)
+	}
+}
