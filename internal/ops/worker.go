@@ -60,7 +60,6 @@ func (e *Engine) run(f *flight) {
 	log := e.log.With().Uint64("op", op.Seq).Str("volume", op.VolumeID).Str("event", string(op.Event)).Logger()
 	x := &Exec{Op: op, Volume: f.vol, Log: log, e: e}
 	exec := e.cfg.Executors[op.Event]
-	started := e.cfg.Clock.Now()
 
 	if exec == nil {
 		e.fail(f, x, nil, Errorf(codes.Unimplemented, "no executor for %s in this mode", op.Event), false, log)
@@ -87,7 +86,7 @@ func (e *Engine) run(f *flight) {
 		<-e.sem
 		if err == nil {
 			crash.Point(crash.OpsBeforeCommit)
-			e.succeed(f, res, started, log)
+			e.succeed(f, res, log)
 			return
 		}
 		if f.ctx.Err() != nil {
@@ -280,7 +279,7 @@ func (e *Engine) settleFailedResize(tx *store.Tx, v *store.Volume, op *store.Op,
 // state with the result folded in, atomically with the op's outcome and the
 // history entry. A volume left detached with a pending resize starts the
 // resize in the same transaction.
-func (e *Engine) succeed(f *flight, res Result, started time.Time, log zerolog.Logger) {
+func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 	op := f.op
 	now := e.cfg.Clock.Now()
 	err := e.st.Update(func(tx *store.Tx) error {
