@@ -331,10 +331,13 @@ func (e *Engine) observe(op *store.Op, outcome string, now time.Time) {
 	}
 }
 
-// chainResize runs in the commit of any op: when the op leaves the volume
-// detached and idle with a resize queued, the resize's op is accepted in the
-// same transaction (the moment ControllerUnpublishVolume commits, the
-// resize is runnable). A resize reached by the op (an expand) is removed.
+// chainResize runs in the commit of every op that succeeds, and in the
+// sweep: when the op leaves the volume detached and idle with a resize
+// queued, the resize's op is accepted in the same transaction (the moment
+// ControllerUnpublishVolume commits, the resize is runnable). A resize
+// reached by the op (an expand) is removed. A failed op leaves a queued
+// resize to the next publish or expand, which start it first, or to the
+// sweep.
 func (e *Engine) chainResize(tx *store.Tx, v *store.Volume, now time.Time) (*store.Op, error) {
 	if v.State == fsm.Absent {
 		return nil, nil
