@@ -10,6 +10,7 @@ import (
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
+	"github.com/csid-dev/csid/internal/view"
 	"google.golang.org/grpc/codes"
 )
 
@@ -105,6 +106,22 @@ func TestUnpublishCommitStartsTheResizeAndPublishWaitsForIt(t *testing.T) {
 		t.Fatalf("after unpublish the resize should be running: %+v", r)
 	}
 	waitEntered(t, h.ex, "expand "+id)
+	// What inspect shows names the op growing the disk: the volume's
+	// active op, an expand still in flight.
+	var running view.ResizeList
+	var growing *store.Op
+	if err := h.st.View(func(tx *store.Tx) (err error) {
+		if running, err = view.ListResizes(tx); err != nil || len(running.Resizes) != 1 {
+			return err
+		}
+		growing, err = tx.Op(running.Resizes[0].OpSeq)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(running.Resizes) != 1 || growing == nil || growing.Event != fsm.Expand || growing.Status != store.OpQueued {
+		t.Fatalf("the running resize should name its expand op: %+v, op %+v", running.Resizes, growing)
+	}
 
 	// A publish with a deadline is held, and says why.
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

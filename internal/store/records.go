@@ -170,7 +170,6 @@ type Resize struct {
 	VolumeID      string       `json:"volumeID"`
 	TargetBytes   int64        `json:"targetBytes"`
 	Status        ResizeStatus `json:"status"`
-	OpSeq         uint64       `json:"op,omitempty"`
 	Attempts      int          `json:"attempts,omitempty"`
 	LastError     string       `json:"lastError,omitempty"`
 	QueuedAt      time.Time    `json:"queuedAt"`

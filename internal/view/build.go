@@ -306,11 +306,16 @@ func ListResizes(tx *store.Tx) (ResizeList, error) {
 
 // resize builds the view of a resize entry; v (its volume) may be nil.
 func resize(r *store.Resize, v *store.Volume) Resize {
-	out := Resize{VolumeID: r.VolumeID, Status: string(r.Status), TargetBytes: r.TargetBytes, OpSeq: r.OpSeq,
+	out := Resize{VolumeID: r.VolumeID, Status: string(r.Status), TargetBytes: r.TargetBytes,
 		Attempts: r.Attempts, LastError: r.LastError, QueuedAt: utc(r.QueuedAt), UpdatedAt: utc(r.UpdatedAt),
 		NextAttemptAt: utc(r.NextAttemptAt)}
 	if v != nil {
 		out.CurrentBytes, out.VolumeState, out.Node = v.CapacityBytes, v.State, v.Node()
+		if r.Status == store.ResizeRunning {
+			// A running resize is its volume's active op (the expand the
+			// engine started for it), so the op is not stored twice.
+			out.OpSeq = v.ActiveOp
+		}
 	}
 	return out
 }
