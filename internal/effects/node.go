@@ -89,10 +89,9 @@ func (e stageExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error)
 		fsType = DefaultFsType
 	}
 	m := e.n.Mounter
-	if fs, err := m.Filesystem(ctx, dev); err == nil && fs == "" {
-		x.Log.Info().Str("device", dev).Str("fs", fsType).Msg("formatting a blank device")
-	}
-	if err := m.FormatAndMount(ctx, dev, a.StagingPath, fsType, a.Capability.MountFlags); err != nil {
+	// The mounter logs a format through the context's logger: only its own
+	// probe knows the device is blank.
+	if err := m.FormatAndMount(x.Log.WithContext(ctx), dev, a.StagingPath, fsType, a.Capability.MountFlags); err != nil {
 		return ops.Result{}, fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
 	}
 	crash.Point(crash.MounterAfterMount)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/moby/sys/mountinfo"
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
@@ -106,7 +107,8 @@ var mkfsArgs = map[string][]string{
 
 // FormatAndMount formats device if a successful probe finds it blank and
 // mounts it at target; see Mounter. A blank device is not formatted for a
-// read-only mount ("ro" among the options): that is an error.
+// read-only mount ("ro" among the options): that is an error. A format is
+// logged to ctx's zerolog logger, if it has one.
 //
 // An ext3/ext4 filesystem smaller than its device (the disk grew while
 // detached) is grown before it is mounted read-write: e2fsck -f -p, then
@@ -148,6 +150,7 @@ func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType strin
 		if slices.Contains(options, "ro") {
 			return fmt.Errorf("%s is blank and the mount is read-only: csid formats only for read-write mounts", device)
 		}
+		zerolog.Ctx(ctx).Info().Str("device", device).Str("fs", fsType).Msg("formatting a blank device")
 		args := append(slices.Clone(mkfsArgs[fsType]), device)
 		if _, err := m.run(ctx, "mkfs."+fsType, args...); err != nil {
 			return fmt.Errorf("format %s as %s: %w", device, fsType, err)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/csid-dev/csid/internal/testutil"
+	"github.com/rs/zerolog"
 )
 
 // recorder wraps a runner and records the programs it runs; fail, when set,
@@ -74,7 +75,8 @@ func TestFormatAndMountKeepsData(t *testing.T) {
 			sb := newSandbox(t)
 			rec := &recorder{}
 			m := newLinux(rec.run)
-			ctx := context.Background()
+			var logged bytes.Buffer
+			ctx := zerolog.New(&logged).WithContext(context.Background())
 			dev := sb.device(fsSizes[fsType])
 			target := sb.path("staging")
 
@@ -87,6 +89,10 @@ func TestFormatAndMountKeepsData(t *testing.T) {
 			if !rec.formatted() {
 				t.Fatal("a blank device was mounted without mkfs")
 			}
+			if !strings.Contains(logged.String(), "formatting a blank device") || !strings.Contains(logged.String(), dev) {
+				t.Fatalf("the format was not logged to the context's logger: %q", logged.String())
+			}
+			logged.Reset()
 			e := mountEntry(t, target)
 			if e.FSType != fsType || !hasOption(e.Options, "noatime") {
 				t.Fatalf("mount table: %+v, want %s with noatime", e, fsType)
@@ -115,8 +121,8 @@ func TestFormatAndMountKeepsData(t *testing.T) {
 			if err := m.FormatAndMount(ctx, dev, target, fsType, nil); err != nil {
 				t.Fatal(err)
 			}
-			if rec.formatted() {
-				t.Fatal("a formatted device was formatted again")
+			if rec.formatted() || logged.Len() > 0 {
+				t.Fatalf("a formatted device was formatted again (or logged as such: %q)", logged.String())
 			}
 			if got, err := os.ReadFile(marker); err != nil || string(got) != "keep me" {
 				t.Fatalf("marker after the second FormatAndMount: %q, %v", got, err)
