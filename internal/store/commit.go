@@ -2,14 +2,22 @@ package store
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
+	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // ErrReadOnly is returned by Update on a store opened with OpenReadOnly.
 var ErrReadOnly = errors.New("store is open read-only")
+
+// ErrPanic is wrapped by the error of an Update whose fn panicked. The
+// panic fails that call alone: its transaction share is rolled back and the
+// committer goes on with the others.
+var ErrPanic = errors.New("panic in a state file transaction")
 
 type call struct {
 	fn   func(*Tx) error
@@ -35,7 +43,13 @@ type call struct {
 // it), so fn must touch nothing but tx and must reset any result it
 // publishes through its closure. Work to do after the commit goes into
 // tx.OnCommit hooks, which run in commit order before any later
-// transaction starts. An error from fn fails only its own call.
+// transaction starts. An error from fn fails only its own call; so does a
+// panic in fn, which Update returns as an error wrapping ErrPanic.
+//
+// A transaction that cannot be made durable (the file system is full, the
+// file is immutable, an I/O error) fails every call in it with an error
+// wrapping ErrUnavailable, and Health reports the fault until a later
+// commit succeeds; the store retries a probe commit on its own meanwhile.
 func (s *Store) Update(fn func(tx *Tx) error) error {
 	if s.readOnly {
 		return ErrReadOnly
@@ -99,14 +113,14 @@ func (s *Store) lead(caller bool) {
 	}
 }
 
-// commit runs a batch in one transaction. If one call fails, it alone gets
-// the error and the rest are committed again without it.
+// commit runs a batch in one transaction. If one call fails (or panics),
+// it alone gets the error and the rest are committed again without it.
 func (s *Store) commit(batch []*call) {
 	start := time.Now()
 	failed := -1
 	err := s.db.Update(func(btx *bolt.Tx) error {
 		for i, c := range batch {
-			if err := c.fn(&Tx{tx: btx, s: s}); err != nil {
+			if err := runCall(c, &Tx{tx: btx, s: s}); err != nil {
 				failed = i
 				return err
 			}
@@ -114,6 +128,7 @@ func (s *Store) commit(batch []*call) {
 		return nil
 	})
 	if err == nil {
+		s.committed()
 		s.shared.Store(len(batch) > 1)
 		if s.opts.Observe != nil {
 			s.opts.Observe(len(batch), time.Since(start))
@@ -124,6 +139,12 @@ func (s *Store) commit(batch []*call) {
 		return
 	}
 	if failed < 0 { // the commit itself failed: nobody's writes are durable
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+			err = ErrClosed
+		} else {
+			s.commitFailed(err)
+			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
 		for _, c := range batch {
 			c.done <- err
 		}
@@ -136,6 +157,16 @@ func (s *Store) commit(batch []*call) {
 	if len(rest) > 0 {
 		s.commit(rest)
 	}
+}
+
+// runCall runs one caller's fn, turning a panic into its error.
+func runCall(c *call, tx *Tx) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrPanic, r, debug.Stack())
+		}
+	}()
+	return c.fn(tx)
 }
 
 // drainCommits refuses new calls and waits until no commit is in progress

@@ -107,6 +107,9 @@ type Store struct {
 	// shared says the last commit served more than one caller.
 	shared atomic.Bool
 
+	// health holds what keeps the store from taking writes (Health).
+	health health
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -165,6 +168,7 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	s := &Store{db: db, path: path, opts: opts}
 	s.idle.L = &s.cmu
+	s.health.init()
 	return s, nil
 }
 
@@ -193,6 +197,7 @@ func OpenReadOnly(path string, opts Options) (*Store, error) {
 	}
 	s := &Store{db: db, path: path, opts: opts, readOnly: true}
 	s.idle.L = &s.cmu
+	s.health.init()
 	return s, nil
 }
 
@@ -254,6 +259,8 @@ func (s *Store) View(fn func(tx *Tx) error) error {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.drainCommits()
+		close(s.health.closed)
+		s.health.probes.Wait()
 		s.closeErr = s.db.Close()
 	})
 	return s.closeErr
