@@ -71,8 +71,8 @@ func (ob *observability) rpcObserver() driver.RPCObserver {
 
 // start registers the store's gauges and serves /metrics, /readyz and
 // /healthz. Readiness is the engine's (recovery finished, not shutting
-// down; what Probe reports), the store's (the file is open and readable)
-// and the backend's (a cheap call, cached for backendCheckTTL).
+// down), the store's (the file takes writes and is readable; with the
+// engine's, what Probe reports) and the backend's (a cheap call, cached for backendCheckTTL).
 func (ob *observability) start(o Options, eng *ops.Engine, st *store.Store, backend func(context.Context) error) error {
 	if ob == nil {
 		return nil
@@ -91,12 +91,15 @@ func (ob *observability) start(o Options, eng *ops.Engine, st *store.Store, back
 	mux.Handle("GET /metrics", ob.m.Handler())
 	mux.Handle("GET /readyz", health.Ready(
 		health.Check{Name: "engine", Run: func(context.Context) error {
-			if !eng.Ready() {
+			if !eng.Started() {
 				return errors.New("operations not recovered yet, or shutting down")
 			}
 			return nil
 		}},
 		health.Check{Name: "store", Run: func(context.Context) error {
+			if err := st.Health(); err != nil {
+				return err
+			}
 			return st.View(func(*store.Tx) error { return nil })
 		}},
 		health.Check{Name: "backend", Run: health.Cached(backend, backendCheckTTL, health.Timeout, nil)},

@@ -220,8 +220,13 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
-// Ready reports whether Start has finished and Close has not begun.
-func (e *Engine) Ready() bool { return e.ready.Load() }
+// Started reports whether Start has finished and Close has not begun.
+func (e *Engine) Started() bool { return e.ready.Load() }
+
+// Ready reports whether the engine can take work: Start has finished,
+// Close has not begun, and the store takes writes (store.Health). Probe
+// answers it.
+func (e *Engine) Ready() bool { return e.ready.Load() && e.st.Health() == nil }
 
 // Submit runs one request to its outcome, or until ctx ends. See the package
 // comment for the rules. Errors are *Error values carrying a gRPC code.
@@ -234,6 +239,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 			return Outcome{}, ErrClosed
 		}
 		return Outcome{}, ErrNotReady
+	}
+	if err := e.st.Health(); err != nil {
+		return Outcome{}, Errorf(codes.Unavailable, "%v; csid takes requests again once it can write its state; retry", err)
 	}
 	if e.cfg.Executors[req.Event] == nil {
 		return Outcome{}, Errorf(codes.Unimplemented, "this csid does not serve %s (check --mode)", req.Event)
