@@ -1,11 +1,13 @@
 // Package fsm is the volume lifecycle of csid: its states, its events and the
 // legal transitions between them, as one declarative table.
 //
-// The table is built on github.com/looplab/fsm and compiled once, at package
-// initialisation, into a lookup map. The package does no I/O and has no
-// callbacks with effects: it answers "what does event E do to a volume in
-// state S" and nothing else. Every change of a stored volume state in csid
-// goes through Next.
+// The table is executed by github.com/looplab/fsm: Next puts a looplab
+// machine in the volume's state and fires the event's Event call, and
+// looplab decides whether it is legal and where it leads. The package does
+// no I/O and has no callbacks with effects: it answers "what does event E
+// do to a volume in state S" and nothing else. Every change of a stored
+// volume state in csid goes through Next (internal/store refuses a state
+// write without a legal step), CSI calls and reconciliation alike.
 package fsm
 
 import (
@@ -13,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 
 	looplab "github.com/looplab/fsm"
 )
@@ -36,8 +39,11 @@ var States = []State{Absent, Created, NodeReady, VolReady, Published}
 // Event is something that happens to a volume: one CSI call's intent.
 type Event string
 
-// The lifecycle events. NodeExpand (NodeExpandVolume) is csid's addition to
-// the CSI diagram: it grows a staged filesystem and never changes the state.
+// The lifecycle events. The first ten are CSI calls' intents; NodeExpand
+// (NodeExpandVolume) is csid's addition to the CSI diagram: it grows a
+// staged filesystem and never changes the state. The last four are what
+// csid finds rather than what it is asked: they make no effect, they record
+// a state that reality already has.
 const (
 	Create              Event = "create"
 	ControllerPublish   Event = "controller_publish"
@@ -49,11 +55,25 @@ const (
 	Delete              Event = "delete"
 	Expand              Event = "expand"
 	NodeExpand          Event = "node_expand"
+	// Adopt: a node takes on a volume it has no record of: attached to it
+	// (at its first NodeStageVolume), or found staged or published on the
+	// host at start (the node's state file was lost).
+	Adopt Event = "adopt"
+	// Rebuild: a controller rebuilds a record from the disk's tags in the
+	// cloud (an explicit rebuild of a lost state file).
+	Rebuild Event = "rebuild"
+	// Rollback: a record is brought back to what the host or the cloud
+	// has: a mount that vanished (a reboot, an unmount by hand), a disk the
+	// cloud no longer has attached.
+	Rollback Event = "rollback"
+	// Forget: a node drops the record of a volume that has nothing left on
+	// it (no staging, no target).
+	Forget Event = "forget"
 )
 
 // Events lists every event in lifecycle order.
 var Events = []Event{Create, ControllerPublish, NodeStage, NodePublish, NodeUnpublish,
-	NodeUnstage, ControllerUnpublish, Delete, Expand, NodeExpand}
+	NodeUnstage, ControllerUnpublish, Delete, Expand, NodeExpand, Adopt, Rebuild, Rollback, Forget}
 
 // Valid reports whether s is one of the lifecycle states.
 func (s State) Valid() bool {
@@ -90,6 +110,18 @@ const (
 	// Deferred: expand of an attached volume; the resize waits in the
 	// resize queue until the volume is back in CREATED.
 	Deferred Guard = "deferred"
+	// Staged, HasTargets: adopt of a volume found staged (no target) or
+	// published on the host.
+	Staged     Guard = "staged"
+	HasTargets Guard = "published"
+	// Detached, Attached: rebuild of a disk the cloud has detached or
+	// attached; rollback of a record whose disk the cloud has detached.
+	Detached Guard = "detached"
+	Attached Guard = "attached"
+	// Unstaged, Unpublished: rollback of a record whose staging mount
+	// (and so every target) vanished, or whose last target did.
+	Unstaged    Guard = "unstaged"
+	Unpublished Guard = "unpublished"
 )
 
 // row is one line of the transition table.
@@ -115,6 +147,16 @@ var table = []row{
 	{Expand, NoGuard, []State{Created}, Created},
 	{Expand, Deferred, []State{NodeReady, VolReady, Published}, ""},
 	{NodeExpand, NoGuard, []State{VolReady, Published}, ""},
+	{Adopt, NoGuard, []State{Absent}, NodeReady},
+	{Adopt, Staged, []State{Absent, NodeReady}, VolReady},
+	{Adopt, HasTargets, []State{Absent, NodeReady, VolReady, Published}, Published},
+	{Rebuild, Detached, []State{Absent}, Created},
+	{Rebuild, Attached, []State{Absent}, NodeReady},
+	{Rollback, Unstaged, []State{VolReady, Published}, NodeReady},
+	{Rollback, Unpublished, []State{Published}, VolReady},
+	{Rollback, OtherTargets, []State{Published}, Published},
+	{Rollback, Detached, []State{NodeReady}, Created},
+	{Forget, NoGuard, []State{NodeReady}, Absent},
 }
 
 // inverses pairs each forward event with the event that undoes it. A failed
@@ -144,24 +186,57 @@ func (s Step) Deferred() bool { return s.Guard == Deferred }
 // the given state.
 var ErrIllegal = errors.New("illegal transition")
 
-type key struct {
-	state State
-	event Event
-	guard Guard
-}
-
-var (
-	machine  *looplab.FSM
-	compiled map[key]State
-)
-
 func init() {
-	m, c, err := compile(table)
-	if err != nil {
+	if err := validate(table); err != nil {
 		panic(err) // the table is a constant; a broken one must not build
 	}
-	machine, compiled = m, c
 }
+
+// validate checks that every row names known states and events and that no
+// (event, guard, state) is declared twice: looplab would silently keep the
+// last of two.
+func validate(rows []row) error {
+	type key struct {
+		e Event
+		g Guard
+		s State
+	}
+	seen := map[key]bool{}
+	for _, r := range rows {
+		if !r.event.Valid() || (r.dst != "" && !r.dst.Valid()) {
+			return fmt.Errorf("fsm: row %q names an unknown event or state", label(r.event, r.guard))
+		}
+		for _, s := range r.src {
+			k := key{r.event, r.guard, s}
+			if !s.Valid() || seen[k] {
+				return fmt.Errorf("fsm: row %q from %s is unknown or declared twice", label(r.event, r.guard), s)
+			}
+			seen[k] = true
+		}
+	}
+	return nil
+}
+
+// descs is the table in looplab's terms: one event description per row and
+// source state, named by label.
+var descs = func() looplab.Events {
+	var out looplab.Events
+	for _, r := range table {
+		for _, s := range r.src {
+			dst := r.dst
+			if dst == "" {
+				dst = s
+			}
+			out = append(out, looplab.EventDesc{Name: label(r.event, r.guard), Src: []string{string(s)}, Dst: string(dst)})
+		}
+	}
+	return out
+}()
+
+// machines holds looplab machines over the table. A looplab FSM has one
+// current state, so each decision takes a machine of its own, puts it in
+// the volume's state and fires the event.
+var machines = sync.Pool{New: func() any { return looplab.NewFSM(string(Absent), descs, nil) }}
 
 // label is the name of a row inside looplab: the event, and its guard if any.
 func label(e Event, g Guard) string {
@@ -171,64 +246,56 @@ func label(e Event, g Guard) string {
 	return fmt.Sprintf("%s [%s]", e, g)
 }
 
-// compile builds the looplab machine from the rows, then asks it, for every
-// state and row, where the row leads: that answer is the lookup map.
-func compile(rows []row) (*looplab.FSM, map[key]State, error) {
-	var descs looplab.Events
-	for _, r := range rows {
-		for _, s := range r.src {
-			dst := r.dst
-			if dst == "" {
-				dst = s
-			}
-			descs = append(descs, looplab.EventDesc{Name: label(r.event, r.guard), Src: []string{string(s)}, Dst: string(dst)})
-		}
+// fire asks looplab where event e under guard g leads from state s.
+func fire(s State, e Event, g Guard) (State, bool) {
+	m := machines.Get().(*looplab.FSM)
+	defer machines.Put(m)
+	m.SetState(string(s))
+	err := m.Event(context.Background(), label(e, g))
+	var same looplab.NoTransitionError
+	if err != nil && !errors.As(err, &same) {
+		return "", false
 	}
-	m := looplab.NewFSM(string(Absent), descs, nil)
-	probe := looplab.NewFSM(string(Absent), descs, nil)
-	out := make(map[key]State)
-	for _, s := range States {
-		for _, r := range rows {
-			probe.SetState(string(s))
-			l := label(r.event, r.guard)
-			if !probe.Can(l) {
-				continue
-			}
-			err := probe.Event(context.Background(), l)
-			var noTransition looplab.NoTransitionError
-			if err != nil && !errors.As(err, &noTransition) {
-				return nil, nil, fmt.Errorf("fsm: row %q from %s: %w", l, s, err)
-			}
-			k := key{s, r.event, r.guard}
-			if _, dup := out[k]; dup {
-				return nil, nil, fmt.Errorf("fsm: row %q from %s is declared twice", l, s)
-			}
-			out[k] = State(probe.Current())
-		}
-	}
-	return m, out, nil
+	return State(m.Current()), true
 }
 
-// Next returns the step that event e with guard g takes from state s, or an
-// error wrapping ErrIllegal. For expand, pass NoGuard: Next answers with the
-// Deferred row when the volume is attached. For node_unpublish, pass
-// LastTarget or OtherTargets.
+// Next returns the step that event e with guard g takes from state s, as
+// looplab executes the table, or an error wrapping ErrIllegal. For expand,
+// pass NoGuard: Next answers with the Deferred row when the volume is
+// attached. For node_unpublish, pass LastTarget or OtherTargets.
 func Next(s State, e Event, g Guard) (Step, error) {
-	if to, ok := compiled[key{s, e, g}]; ok {
+	if to, ok := fire(s, e, g); ok {
 		return Step{Event: e, Guard: g, From: s, To: to}, nil
 	}
 	if e == Expand && g == NoGuard {
-		if to, ok := compiled[key{s, e, Deferred}]; ok {
+		if to, ok := fire(s, e, Deferred); ok {
 			return Step{Event: e, Guard: Deferred, From: s, To: to}, nil
 		}
 	}
 	return Step{}, fmt.Errorf("%w: %s in state %s", ErrIllegal, label(e, g), s)
 }
 
+// Check returns nil when event e under guard g takes a volume from state
+// from to state to, and an error wrapping ErrIllegal otherwise. The store
+// calls it for every state it writes.
+func Check(from State, e Event, g Guard, to State) error {
+	step, err := Next(from, e, g)
+	if err != nil {
+		return err
+	}
+	if step.To != to || step.Guard != g {
+		return fmt.Errorf("%w: %s leads from %s to %s, not to %s", ErrIllegal, label(e, g), from, step.To, to)
+	}
+	return nil
+}
+
 // Legal reports whether e (under any guard) is legal in state s.
 func Legal(s State, e Event) bool {
-	for k := range compiled {
-		if k.state == s && k.event == e {
+	m := machines.Get().(*looplab.FSM)
+	defer machines.Put(m)
+	m.SetState(string(s))
+	for _, r := range table {
+		if r.event == e && m.Can(label(e, r.guard)) {
 			return true
 		}
 	}
@@ -259,11 +326,16 @@ type Transition struct {
 	To    State
 }
 
-// Transitions lists the compiled table, sorted by state order then event order.
+// Transitions lists every legal (state, event, guard) of the table with
+// where looplab takes it, sorted by state order then event order.
 func Transitions() []Transition {
-	out := make([]Transition, 0, len(compiled))
-	for k, to := range compiled {
-		out = append(out, Transition{From: k.state, Event: k.event, Guard: k.guard, To: to})
+	var out []Transition
+	for _, r := range table {
+		for _, s := range r.src {
+			if to, ok := fire(s, r.event, r.guard); ok {
+				out = append(out, Transition{From: s, Event: r.event, Guard: r.guard, To: to})
+			}
+		}
 	}
 	order := func(s State) int {
 		for i, x := range States {
@@ -298,7 +370,7 @@ func Transitions() []Transition {
 // visualizer. docs/state-machine.md holds this drawing; a test keeps the two
 // equal.
 func Mermaid() string {
-	out, err := looplab.VisualizeWithType(machine, looplab.MermaidStateDiagram)
+	out, err := looplab.VisualizeWithType(looplab.NewFSM(string(Absent), descs, nil), looplab.MermaidStateDiagram)
 	if err != nil {
 		panic(err) // MermaidStateDiagram is a known type
 	}

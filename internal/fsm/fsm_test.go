@@ -63,6 +63,31 @@ func TestEveryStateEventPair(t *testing.T) {
 			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, illegal}}, NodeReady: {{NoGuard, illegal}},
 			VolReady: {{NoGuard, VolReady}}, Published: {{NoGuard, Published}},
 		},
+		Adopt: {
+			Absent:    {{NoGuard, NodeReady}, {Staged, VolReady}, {HasTargets, Published}},
+			Created:   {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, illegal}},
+			NodeReady: {{NoGuard, illegal}, {Staged, VolReady}, {HasTargets, Published}},
+			VolReady:  {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, Published}},
+			Published: {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, Published}},
+		},
+		Rebuild: {
+			Absent:    {{Detached, Created}, {Attached, NodeReady}, {NoGuard, illegal}},
+			Created:   {{Detached, illegal}, {Attached, illegal}, {NoGuard, illegal}},
+			NodeReady: {{Detached, illegal}, {Attached, illegal}, {NoGuard, illegal}},
+			VolReady:  {{Detached, illegal}, {Attached, illegal}, {NoGuard, illegal}},
+			Published: {{Detached, illegal}, {Attached, illegal}, {NoGuard, illegal}},
+		},
+		Rollback: {
+			Absent:    {{Unstaged, illegal}, {Unpublished, illegal}, {OtherTargets, illegal}, {Detached, illegal}, {NoGuard, illegal}},
+			Created:   {{Unstaged, illegal}, {Unpublished, illegal}, {OtherTargets, illegal}, {Detached, illegal}, {NoGuard, illegal}},
+			NodeReady: {{Unstaged, illegal}, {Unpublished, illegal}, {OtherTargets, illegal}, {Detached, Created}, {NoGuard, illegal}},
+			VolReady:  {{Unstaged, NodeReady}, {Unpublished, illegal}, {OtherTargets, illegal}, {Detached, illegal}, {NoGuard, illegal}},
+			Published: {{Unstaged, NodeReady}, {Unpublished, VolReady}, {OtherTargets, Published}, {Detached, illegal}, {NoGuard, illegal}},
+		},
+		Forget: {
+			Absent: {{NoGuard, illegal}}, Created: {{NoGuard, illegal}}, NodeReady: {{NoGuard, Absent}},
+			VolReady: {{NoGuard, illegal}}, Published: {{NoGuard, illegal}},
+		},
 	}
 	deferredIn := map[State]bool{NodeReady: true, VolReady: true, Published: true}
 
@@ -107,7 +132,7 @@ func TestLegalMatchesNext(t *testing.T) {
 	for _, s := range States {
 		for _, e := range Events {
 			any := false
-			for _, g := range []Guard{NoGuard, LastTarget, OtherTargets} {
+			for _, g := range []Guard{NoGuard, LastTarget, OtherTargets, Deferred, Staged, HasTargets, Detached, Attached, Unstaged, Unpublished} {
 				if _, err := Next(s, e, g); err == nil {
 					any = true
 				}
@@ -129,7 +154,7 @@ func TestInverses(t *testing.T) {
 			t.Errorf("Forward(%s) = %s, %v; want %s", inv, got, ok, f)
 		}
 	}
-	for _, e := range []Event{Expand, NodeExpand} {
+	for _, e := range []Event{Expand, NodeExpand, Adopt, Rebuild, Rollback, Forget} {
 		if _, ok := Inverse(e); ok {
 			t.Errorf("%s must have no inverse", e)
 		}
@@ -152,11 +177,42 @@ func TestInverses(t *testing.T) {
 	}
 }
 
-func TestCompileRejectsDuplicateRows(t *testing.T) {
+func TestValidateRejectsDuplicateRows(t *testing.T) {
+	if err := validate(table); err != nil {
+		t.Fatal(err)
+	}
 	rows := append([]row{}, table...)
 	rows = append(rows, row{Create, NoGuard, []State{Absent}, Created})
-	if _, _, err := compile(rows); err == nil {
-		t.Fatal("a table with a duplicate row compiled")
+	if err := validate(rows); err == nil {
+		t.Fatal("a table with a duplicate row passed")
+	}
+}
+
+// TestCheck holds the store's guard: a state write is legal only as a step
+// of the table, with its guard and its destination.
+func TestCheck(t *testing.T) {
+	for _, c := range []struct {
+		from State
+		e    Event
+		g    Guard
+		to   State
+		ok   bool
+	}{
+		{Published, NodeUnpublish, LastTarget, VolReady, true},
+		{Published, NodeUnpublish, LastTarget, Published, false}, // wrong destination
+		{Published, NodeUnpublish, NoGuard, VolReady, false},     // guard missing
+		{Published, NodePublish, NoGuard, NodeReady, false},      // a bypass labelled with another event
+		{Published, Rollback, Unstaged, NodeReady, true},
+		{Absent, Rebuild, Attached, NodeReady, true},
+		{NodeReady, Forget, NoGuard, Absent, true},
+		{VolReady, Forget, NoGuard, Absent, false},
+		{Created, Expand, NoGuard, Created, true},
+		{NodeReady, Expand, Deferred, NodeReady, true},
+	} {
+		err := Check(c.from, c.e, c.g, c.to)
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrIllegal)) {
+			t.Errorf("Check(%s, %s [%s], %s) = %v, want ok=%v", c.from, c.e, c.g, c.to, err, c.ok)
+		}
 	}
 }
 

@@ -98,7 +98,7 @@ func newBenchEngine(b *testing.B, existing, workers int) *Engine {
 				for i := lo; i < min(lo+1000, to); i++ {
 					v := &store.Volume{ID: fmt.Sprintf("%s-%06d", prefix, i), Name: fmt.Sprintf("%s-name-%06d", prefix, i),
 						DiskID: "disk", CapacityBytes: gib, State: fsm.Created, Capability: mountCap, CreatedAt: now}
-					if err := tx.Adopt(v, store.HistoryEntry{Time: now, Event: fsm.Create, From: fsm.Absent, To: fsm.Created, Outcome: "adopted"}); err != nil {
+					if err := tx.Reconcile(v, fsm.Rebuild, fsm.Detached, "a benchmark's idle volume", now); err != nil {
 						return err
 					}
 				}

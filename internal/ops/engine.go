@@ -363,10 +363,10 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 					return err
 				} else if cur == nil {
 					a := *adopted
-					if err := tx.Adopt(&a, store.HistoryEntry{Time: now, Event: fsm.NodeStage, From: fsm.Absent,
-						To: a.State, Generation: a.Generation, Outcome: "adopted: attached to this node"}); err != nil {
+					if err := tx.Reconcile(&a, fsm.Adopt, fsm.NoGuard, "attached to this node", now); err != nil {
 						return err
 					}
+					d.vol.Generation = a.Generation
 				}
 			}
 			op, vol := d.op, d.vol

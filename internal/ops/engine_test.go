@@ -384,7 +384,7 @@ func TestNodeAdoptsAVolumeItHasNotSeen(t *testing.T) {
 		t.Fatalf("adopted volume: %+v", v)
 	}
 	hist := h.history("vol-attached")
-	if len(hist) != 2 || !strings.HasPrefix(hist[0].Outcome, "adopted") || hist[1].Event != fsm.NodeStage {
+	if len(hist) != 2 || hist[0].Event != fsm.Adopt || hist[0].From != fsm.Absent || hist[0].To != fsm.NodeReady || hist[1].Event != fsm.NodeStage {
 		t.Fatalf("history: %+v", hist)
 	}
 	h.must(stageReq("vol-attached", "/stage/vol-attached")) // replay: no second adoption

@@ -17,10 +17,11 @@ import (
 type Verifier func(ctx context.Context, path string) (mounted bool, err error)
 
 // ForgetUnmounted returns the record without the stage and targets that are
-// no longer mounted (and the state that leaves), with a note saying what
-// went; nil when everything the record names is mounted. A raw block
-// volume's stage is no mount and is kept.
-func ForgetUnmounted(v *store.Volume, mounted func(path string) bool) (*store.Volume, string) {
+// no longer mounted (and the state that leaves), the guard of the rollback
+// that takes the volume there, and a note saying what went; nil when
+// everything the record names is mounted. A raw block volume's stage is no
+// mount and is kept.
+func ForgetUnmounted(v *store.Volume, mounted func(path string) bool) (*store.Volume, fsm.Guard, string) {
 	nv := v.Clone()
 	var gone []string
 	for t := range v.Targets {
@@ -34,16 +35,17 @@ func ForgetUnmounted(v *store.Volume, mounted func(path string) bool) (*store.Vo
 		nv.Stage, nv.Targets = nil, nil
 	}
 	if len(gone) == 0 {
-		return nil, ""
+		return nil, "", ""
 	}
 	slices.Sort(gone)
+	guard := fsm.OtherTargets
 	switch {
 	case nv.Stage == nil:
-		nv.State, nv.Targets = fsm.NodeReady, nil
+		nv.State, nv.Targets, guard = fsm.NodeReady, nil, fsm.Unstaged
 	case len(nv.Targets) == 0:
-		nv.State, nv.Targets = fsm.VolReady, nil
+		nv.State, nv.Targets, guard = fsm.VolReady, nil, fsm.Unpublished
 	}
-	return nv, "no longer mounted: " + strings.Join(gone, ", ")
+	return nv, guard, "no longer mounted: " + strings.Join(gone, ", ")
 }
 
 // verifiedDone checks a request the record says is done (a repeated
@@ -85,14 +87,11 @@ func (e *Engine) verifiedDone(ctx context.Context, req Request, v *store.Volume)
 		if err != nil || cur == nil || cur.ActiveOp != 0 || cur.Generation != v.Generation {
 			return err // it moved on meanwhile: plan again from what it is now
 		}
-		nv, why := ForgetUnmounted(cur, func(p string) bool { return mounted[p] })
+		nv, guard, why := ForgetUnmounted(cur, func(p string) bool { return mounted[p] })
 		if nv == nil {
 			return nil
 		}
-		nv.Generation++
-		nv.UpdatedAt = now
-		return tx.Adopt(nv, store.HistoryEntry{Time: now, Event: req.Event, From: cur.State, To: nv.State,
-			Generation: nv.Generation, Outcome: "reconciled: " + why})
+		return tx.Reconcile(nv, fsm.Rollback, guard, why, now)
 	})
 	if err != nil {
 		e.log.Error().Err(err).Str("volume", v.ID).Msg("cannot record that a mount is gone")

@@ -19,6 +19,7 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -91,12 +92,11 @@ func (r *Reconciler) Controller(ctx context.Context) (int, error) {
 	err = r.Store.Update(func(tx *store.Tx) error {
 		for _, v := range vols {
 			v := v.Clone()
-			v.CreatedAt, v.UpdatedAt = now, now
-			outcome := fmt.Sprintf("rebuilt from the cloud: disk %s", v.DiskID)
+			outcome, guard := fmt.Sprintf("rebuilt from the cloud: disk %s", v.DiskID), fsm.Detached
 			if n := v.Node(); n != "" {
-				outcome += ", attached to " + n
+				outcome, guard = outcome+", attached to "+n, fsm.Attached
 			}
-			if err := tx.Adopt(v, store.HistoryEntry{Time: now, Event: fsm.Create, From: fsm.Absent, To: v.State, Outcome: outcome}); err != nil {
+			if err := tx.Reconcile(v, fsm.Rebuild, guard, outcome, now); err != nil {
 				return err
 			}
 		}
@@ -183,7 +183,12 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 			continue // the record already explains these mounts
 		}
 		nv := adoptMounts(v, d, dev, stage, targets, node)
-		fixes = append(fixes, fix{v: nv, note: fmt.Sprintf("adopted from the host: %s mounted at %s", dev, strings.Join(append(nonEmpty(stage), targets...), ", "))})
+		guard := fsm.Staged
+		if nv.State == fsm.Published {
+			guard = fsm.HasTargets
+		}
+		fixes = append(fixes, fix{v: nv, event: fsm.Adopt, guard: guard,
+			note: fmt.Sprintf("found on the host: %s mounted at %s", dev, strings.Join(append(nonEmpty(stage), targets...), ", "))})
 		rep.Adopted = append(rep.Adopted, nv.ID)
 		byID[nv.ID] = nv
 	}
@@ -191,8 +196,8 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 		if v.ActiveOp != 0 || (v.State != fsm.VolReady && v.State != fsm.Published) || slices.Contains(rep.Adopted, v.ID) {
 			continue
 		}
-		if nv, why := dropVanished(v, mounts); nv != nil {
-			fixes = append(fixes, fix{v: nv, note: why})
+		if nv, guard, why := dropVanished(v, mounts); nv != nil {
+			fixes = append(fixes, fix{v: nv, event: fsm.Rollback, guard: guard, note: why})
 			rep.RolledBack = append(rep.RolledBack, v.ID)
 		}
 	}
@@ -200,36 +205,42 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 		return rep, nil
 	}
 	now := r.now()
+	var skipped []string
+	left := map[string]bool{}
 	err = r.Store.Update(func(tx *store.Tx) error {
+		skipped = skipped[:0]
+		clear(left)
 		for _, f := range fixes {
-			from := fsm.Absent
-			if cur, err := tx.Volume(f.v.ID); err != nil {
-				return err
-			} else if cur != nil {
-				from = cur.State
+			err := tx.Reconcile(f.v.Clone(), f.event, f.guard, f.note, now)
+			if errors.Is(err, fsm.ErrIllegal) {
+				// The host shows what no step of the lifecycle explains
+				// (staged at another path than the record says): leave
+				// the record as it is; `csid check` reports the mount.
+				skipped = append(skipped, fmt.Sprintf("%s: %v", f.v.ID, err))
+				left[f.v.ID] = true
+				continue
 			}
-			v := f.v.Clone()
-			v.Generation++
-			if v.CreatedAt.IsZero() {
-				v.CreatedAt = now
-			}
-			v.UpdatedAt = now
-			if err := tx.Adopt(v, store.HistoryEntry{Time: now, Event: fsm.NodeStage, From: from, To: v.State,
-				Generation: v.Generation, Outcome: "reconciled: " + f.note}); err != nil {
+			if err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+	rep.Adopted = slices.DeleteFunc(rep.Adopted, func(id string) bool { return left[id] })
+	rep.RolledBack = slices.DeleteFunc(rep.RolledBack, func(id string) bool { return left[id] })
 	if err == nil {
-		r.Log.Warn().Strs("rolled_back", rep.RolledBack).Strs("adopted", rep.Adopted).Msg("node records reconciled with the host's mounts")
+		r.Log.Warn().Strs("rolled_back", rep.RolledBack).Strs("adopted", rep.Adopted).Strs("left_alone", skipped).
+			Msg("node records reconciled with the host's mounts")
 	}
 	return rep, err
 }
 
+// fix is a record to write, with the lifecycle step that explains it.
 type fix struct {
-	v    *store.Volume
-	note string
+	v     *store.Volume
+	event fsm.Event
+	guard fsm.Guard
+	note  string
 }
 
 func nonEmpty(s string) []string {
@@ -310,15 +321,15 @@ func adoptMounts(v *store.Volume, d cloud.Disk, dev, stage string, targets []str
 }
 
 // dropVanished returns the record without the mounts the host no longer
-// has, or nil when they are all there.
-func dropVanished(v *store.Volume, mounts []mounter.MountPoint) (*store.Volume, string) {
+// has and the guard of its rollback, or nil when they are all there.
+func dropVanished(v *store.Volume, mounts []mounter.MountPoint) (*store.Volume, fsm.Guard, string) {
 	mounted := map[string]bool{}
 	for _, m := range mounts {
 		mounted[m.Path] = true
 	}
-	nv, why := ops.ForgetUnmounted(v, func(p string) bool { return mounted[p] })
+	nv, guard, why := ops.ForgetUnmounted(v, func(p string) bool { return mounted[p] })
 	if nv == nil {
-		return nil, ""
+		return nil, "", ""
 	}
-	return nv, why + " (was the node restarted?)"
+	return nv, guard, why + " (was the node restarted?)"
 }

@@ -42,20 +42,20 @@ func TestDropVanished(t *testing.T) {
 		}
 		return m
 	}
-	if nv, _ := dropVanished(v, mounted("/s", "/t1", "/t2")); nv != nil {
+	if nv, _, _ := dropVanished(v, mounted("/s", "/t1", "/t2")); nv != nil {
 		t.Fatalf("nothing vanished, yet: %+v", nv)
 	}
-	if nv, why := dropVanished(v, mounted("/s", "/t1")); nv == nil || nv.State != fsm.Published || len(nv.Targets) != 1 || why == "" {
+	if nv, g, why := dropVanished(v, mounted("/s", "/t1")); nv == nil || nv.State != fsm.Published || len(nv.Targets) != 1 || why == "" || g != fsm.OtherTargets {
 		t.Fatalf("one target gone: %+v", nv)
 	}
-	if nv, _ := dropVanished(v, mounted("/s")); nv == nil || nv.State != fsm.VolReady || nv.Targets != nil {
+	if nv, g, _ := dropVanished(v, mounted("/s")); nv == nil || nv.State != fsm.VolReady || nv.Targets != nil || g != fsm.Unpublished {
 		t.Fatalf("all targets gone: %+v", nv)
 	}
-	if nv, _ := dropVanished(v, nil); nv == nil || nv.State != fsm.NodeReady || nv.Stage != nil {
+	if nv, g, _ := dropVanished(v, nil); nv == nil || nv.State != fsm.NodeReady || nv.Stage != nil || g != fsm.Unstaged {
 		t.Fatalf("everything gone (a reboot): %+v", nv)
 	}
 	block := &store.Volume{ID: "b", State: fsm.VolReady, Capability: store.Capability{AccessType: "block"}, Stage: &store.Stage{Path: "/s"}}
-	if nv, _ := dropVanished(block, nil); nv != nil {
+	if nv, _, _ := dropVanished(block, nil); nv != nil {
 		t.Fatalf("a block volume's stage is no mount; nothing vanished: %+v", nv)
 	}
 }

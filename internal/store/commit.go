@@ -119,6 +119,15 @@ func (s *Store) commit(batch []*call) {
 	start := time.Now()
 	failed := -1
 	err := s.db.Update(func(btx *bolt.Tx) error {
+		// The first hook: the store's own bookkeeping is done before any
+		// caller's hook answers a waiter, who may then look at it.
+		btx.OnCommit(func() {
+			s.committed()
+			s.shared.Store(len(batch) > 1)
+			if s.opts.Observe != nil {
+				s.opts.Observe(len(batch), time.Since(start))
+			}
+		})
 		for i, c := range batch {
 			if err := runCall(c, &Tx{tx: btx, s: s}); err != nil {
 				failed = i
@@ -128,11 +137,6 @@ func (s *Store) commit(batch []*call) {
 		return nil
 	})
 	if err == nil {
-		s.committed()
-		s.shared.Store(len(batch) > 1)
-		if s.opts.Observe != nil {
-			s.opts.Observe(len(batch), time.Since(start))
-		}
 		for _, c := range batch {
 			c.done <- nil
 		}

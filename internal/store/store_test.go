@@ -269,13 +269,13 @@ func TestFinishToAbsentRemovesEverything(t *testing.T) {
 	var seq uint64
 	_ = s.Update(func(tx *Tx) error {
 		v := &Volume{ID: "v1", Name: "n", State: fsm.Created}
-		if err := tx.Adopt(v, HistoryEntry{Outcome: "adopted"}); err != nil {
+		if err := tx.Reconcile(v, fsm.Rebuild, fsm.Detached, "rebuilt", time.Now()); err != nil {
 			return err
 		}
 		if err := tx.PutResize(&Resize{VolumeID: "v1", TargetBytes: 1}); err != nil {
 			return err
 		}
-		op := &Op{Event: fsm.Delete}
+		op := &Op{Event: fsm.Delete, From: fsm.Created, To: fsm.Absent}
 		err := tx.Accept(v, op)
 		seq = op.Seq
 		return err
@@ -342,10 +342,11 @@ func TestOpsArePrunedBeyondRetentionExceptLastAndActive(t *testing.T) {
 			if err != nil {
 				return err
 			}
+			op := &Op{Event: fsm.Expand, From: fsm.Created, To: fsm.Created}
 			if v == nil {
 				v = &Volume{ID: id, State: fsm.Absent}
+				op = &Op{Event: fsm.Create, From: fsm.Absent, To: fsm.Created}
 			}
-			op := &Op{Event: fsm.Create}
 			if err := tx.Accept(v, op); err != nil {
 				return err
 			}
@@ -517,7 +518,7 @@ func TestVolumeReadsAreTheCallersOwn(t *testing.T) {
 		Capability: Capability{AccessType: "mount", MountFlags: []string{"noatime"}},
 		Attachment: &Attachment{Node: "n1", PublishContext: map[string]string{"p": "c"}},
 		Stage:      &Stage{Path: "/s"}, Targets: map[string]Target{"/t": {}}}
-	op := &Op{Event: fsm.Create}
+	op := &Op{Event: fsm.Create, From: fsm.Absent, To: fsm.Created}
 	if err := s.Update(func(tx *Tx) error { vv := *v; return tx.Accept(&vv, op) }); err != nil {
 		t.Fatal(err)
 	}
@@ -557,4 +558,99 @@ func TestVolumeReadsAreTheCallersOwn(t *testing.T) {
 	if got := read(); got.State != fsm.Created || got.Generation != 1 || got.ActiveOp != 0 {
 		t.Fatalf("after the finish: %+v", got)
 	}
+}
+
+// TestStateWritesMustBeStepsOfTheTable: every path that writes a volume's
+// state is held to the lifecycle table; a bypass, or a change recorded
+// under another event's name, is refused and changes nothing.
+func TestStateWritesMustBeStepsOfTheTable(t *testing.T) {
+	s, _ := openTemp(t, Options{NoSync: true})
+	now := time.Now()
+	published := &Volume{ID: "v1", State: fsm.Published, Targets: map[string]Target{"/t": {}}, Stage: &Stage{Path: "/s"}}
+	err := s.Update(func(tx *Tx) error {
+		return tx.Reconcile(published.Clone(), fsm.Adopt, fsm.HasTargets, "found mounted", now)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := map[string]func(tx *Tx) error{
+		"a new record that is not a create": func(tx *Tx) error {
+			return tx.Accept(&Volume{ID: "v2", State: fsm.Created}, &Op{Event: fsm.Expand, From: fsm.Created, To: fsm.Created})
+		},
+		"a rollback labelled as the event that did not happen": func(tx *Tx) error {
+			v := published.Clone()
+			v.State, v.Stage, v.Targets = fsm.NodeReady, nil, nil
+			return tx.Reconcile(v, fsm.NodePublish, fsm.NoGuard, "no longer mounted", now)
+		},
+		"a rollback with the wrong guard": func(tx *Tx) error {
+			v := published.Clone()
+			v.State, v.Stage, v.Targets = fsm.NodeReady, nil, nil
+			return tx.Reconcile(v, fsm.Rollback, fsm.Unpublished, "no longer mounted", now)
+		},
+		"a forget of a staged volume": func(tx *Tx) error {
+			v := published.Clone()
+			v.State = fsm.Absent
+			return tx.Reconcile(v, fsm.Forget, fsm.NoGuard, "gone", now)
+		},
+		"an op whose step the table does not take": func(tx *Tx) error {
+			v, _ := tx.Volume("v1")
+			op := &Op{Event: fsm.NodeUnstage, From: fsm.VolReady, To: fsm.NodeReady}
+			if err := tx.Accept(v, op); err != nil {
+				return err
+			}
+			op.From, op.Status = fsm.Published, OpSucceeded
+			v.State = fsm.NodeReady
+			return tx.Finish(v, op)
+		},
+		"an op finishing in another state than its step's": func(tx *Tx) error {
+			v, _ := tx.Volume("v1")
+			op := &Op{Event: fsm.NodeUnpublish, Guard: fsm.OtherTargets, From: fsm.Published, To: fsm.Published}
+			if err := tx.Accept(v, op); err != nil {
+				return err
+			}
+			op.Status, v.State = OpSucceeded, fsm.VolReady
+			return tx.Finish(v, op)
+		},
+	}
+	for name, write := range refused {
+		if err := s.Update(write); !errors.Is(err, fsm.ErrIllegal) {
+			t.Errorf("%s: %v, want a refusal wrapping fsm.ErrIllegal", name, err)
+		}
+	}
+	err = s.View(func(tx *Tx) error {
+		v, err := tx.Volume("v1")
+		if err != nil || v == nil || v.State != fsm.Published || v.ActiveOp != 0 {
+			return fmt.Errorf("after the refusals: %+v, %v", v, err)
+		}
+		if v2, _ := tx.Volume("v2"); v2 != nil {
+			return fmt.Errorf("a refused accept wrote %+v", v2)
+		}
+		h, err := tx.History("v1")
+		if err != nil {
+			return err
+		}
+		if len(h) != 1 || h[0].Event != fsm.Adopt || h[0].Guard != fsm.HasTargets || h[0].From != fsm.Absent || h[0].To != fsm.Published {
+			return fmt.Errorf("history: %+v, want the one adopt line", h)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The legal rollback is recorded under its own name.
+	err = s.Update(func(tx *Tx) error {
+		v := published.Clone()
+		v.State, v.Targets = fsm.VolReady, nil
+		return tx.Reconcile(v, fsm.Rollback, fsm.Unpublished, "no longer mounted: /t", now)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.View(func(tx *Tx) error {
+		h, _ := tx.History("v1")
+		if last := h[len(h)-1]; last.Event != fsm.Rollback || last.From != fsm.Published || last.To != fsm.VolReady || last.Generation != 2 {
+			t.Errorf("rollback line: %+v", last)
+		}
+		return nil
+	})
 }

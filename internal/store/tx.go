@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/csid-dev/csid/internal/fsm"
 	bolt "go.etcd.io/bbolt"
@@ -17,9 +18,11 @@ import (
 // Tx is a transaction over the typed records. A Tx from View is read-only;
 // write methods on it fail.
 //
-// Volumes change only through Accept (with a new op), Finish (with the op's
-// outcome and a history entry) and Adopt (reconciliation, with a history
-// entry): there is no bare "put volume".
+// Volumes change only through Accept (a new op; a new record only in
+// ABSENT, for a create), Finish (the op's outcome, which is its history
+// line) and Reconcile (a state reality already has, with a history note):
+// there is no bare "put volume", and every state written is a step of the
+// lifecycle table checked by internal/fsm, under its true event name.
 type Tx struct {
 	tx *bolt.Tx
 	s  *Store
@@ -205,6 +208,10 @@ func (t *Tx) Accept(v *Volume, op *Op) error {
 	if t.tx.Bucket(bucketVolumes).Get([]byte(v.ID)) != nil {
 		return nil
 	}
+	if v.State != fsm.Absent {
+		return fmt.Errorf("store: a new record of volume %s in state %s: only a create starts a record (reconciliation uses Reconcile): %w",
+			v.ID, v.State, fsm.ErrIllegal)
+	}
 	if v.Name != "" {
 		if err := t.tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
 			return err
@@ -236,6 +243,9 @@ func (t *Tx) Finish(v *Volume, op *Op) error {
 	if a := t.activeOf(v.ID); a != op.Seq {
 		return fmt.Errorf("store: volume %s has active op %d, not %d", v.ID, a, op.Seq)
 	}
+	if err := t.checkFinish(v, op); err != nil {
+		return err
+	}
 	v.ActiveOp = 0
 	prev := v.LastOp
 	v.LastOp = op.Seq
@@ -255,25 +265,83 @@ func (t *Tx) Finish(v *Volume, op *Op) error {
 	return t.prune(op.Seq, prev)
 }
 
-// Adopt writes a volume record made by reconciliation (a node adopting a
-// volume attached to it, a controller rebuilding records from the cloud),
-// with the note that explains it. v must have no active op.
-func (t *Tx) Adopt(v *Volume, note HistoryEntry) error {
+// checkFinish holds an op's outcome to the lifecycle table: the op's step
+// (From, Event, Guard, To) is one looplab takes, the stored volume is in
+// the op's From state, and the record written is in To (succeeded) or
+// still in From (failed).
+func (t *Tx) checkFinish(v *Volume, op *Op) error {
+	if err := fsm.Check(op.From, op.Event, op.Guard, op.To); err != nil {
+		return fmt.Errorf("store: op %d: %w", op.Seq, err)
+	}
+	stored := fsm.Absent
+	if cur, err := t.Volume(v.ID); err != nil {
+		return err
+	} else if cur != nil {
+		stored = cur.State
+	}
+	want := op.To
+	if op.Status != OpSucceeded {
+		want = op.From
+	}
+	if stored != op.From || v.State != want {
+		return fmt.Errorf("store: op %d (%s from %s to %s, %s) would write volume %s from %s to %s: %w",
+			op.Seq, op.Event, op.From, op.To, op.Status, v.ID, stored, v.State, fsm.ErrIllegal)
+	}
+	return nil
+}
+
+// Reconcile records a state that reality already has and no op made: a
+// node adopting a volume, a controller rebuilding a record from the cloud,
+// a rollback after a mount vanished, a node forgetting a volume. The step
+// from the stored state (ABSENT when there is no record) by event e under
+// guard g must be one the lifecycle table (looplab) takes to v.State; a
+// step to ABSENT removes the record. The volume's generation moves on, and
+// the change is recorded in its history under e's name with outcome. v
+// must have no active op.
+func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now time.Time) error {
 	if err := checkID(v.ID); err != nil {
 		return err
 	}
 	if v.ActiveOp != 0 || t.activeOf(v.ID) != 0 {
-		return fmt.Errorf("store: adopted volume %s has an active op", v.ID)
+		return fmt.Errorf("store: volume %s has an active op; it is left to the op", v.ID)
+	}
+	cur, err := t.Volume(v.ID)
+	if err != nil {
+		return err
+	}
+	from, gen := fsm.Absent, uint64(0)
+	if cur != nil {
+		from, gen = cur.State, cur.Generation
+	}
+	if err := fsm.Check(from, e, g, v.State); err != nil {
+		return fmt.Errorf("store: volume %s: %w", v.ID, err)
+	}
+	v.Generation, v.UpdatedAt = gen+1, now
+	if v.CreatedAt.IsZero() {
+		v.CreatedAt = now
+	}
+	if v.State == fsm.Absent {
+		if cur == nil {
+			return nil
+		}
+		return t.remove(cur)
+	}
+	names := t.tx.Bucket(bucketNames)
+	if cur != nil && cur.Name != "" && cur.Name != v.Name && string(names.Get([]byte(cur.Name))) == v.ID {
+		if err := names.Delete([]byte(cur.Name)); err != nil {
+			return err
+		}
 	}
 	if v.Name != "" {
-		if err := t.tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
+		if err := names.Put([]byte(v.Name), []byte(v.ID)); err != nil {
 			return err
 		}
 	}
 	if err := t.putVolume(v); err != nil {
 		return err
 	}
-	return t.AddNote(v.ID, note)
+	return t.AddNote(v.ID, HistoryEntry{Time: now, Event: e, Guard: g, From: from, To: v.State,
+		Generation: v.Generation, Outcome: outcome})
 }
 
 func (t *Tx) remove(v *Volume) error {
