@@ -152,7 +152,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(driver.Interceptor(log.With().Str("component", "csi").Logger(), ob.rpcObserver())))
 	drv.Register(srv)
-	if err := ob.start(o, eng, st, backendCheck(o.Mode, p.cloud, o.NodeID)); err != nil {
+	if err := ob.start(o, eng, st, srv, backendCheck(o.Mode, p.cloud, o.NodeID)); err != nil {
 		return err
 	}
 	defer ob.stop()

@@ -105,9 +105,10 @@ func (f families) value(t *testing.T, name string, labels ...string) float64 {
 	return m.GetCounter().GetValue()
 }
 
-// counts maps each series of a histogram family to its sample count, keyed
-// by the values of the labels named, in that order, joined with "/".
-func (f families) counts(name string, labels ...string) map[string]uint64 {
+// counts maps each series of a histogram or counter family to its sample
+// count or value, keyed by the values of the labels named, in that order,
+// joined with "/". nonZero leaves out the series at zero.
+func (f families) counts(name string, nonZero bool, labels ...string) map[string]uint64 {
 	out := map[string]uint64{}
 	for _, m := range f[name].GetMetric() {
 		var key []string
@@ -118,7 +119,13 @@ func (f families) counts(name string, labels ...string) map[string]uint64 {
 				}
 			}
 		}
-		out[strings.Join(key, "/")] = m.GetHistogram().GetSampleCount()
+		n := m.GetHistogram().GetSampleCount()
+		if m.Counter != nil {
+			n = uint64(m.GetCounter().GetValue())
+		}
+		if n > 0 || !nonZero {
+			out[strings.Join(key, "/")] = n
+		}
 	}
 	return out
 }
@@ -148,6 +155,7 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 	if code, _ := get(t, base+"/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz: %d", code)
 	}
+	checkSeriesFromTheStart(t, scrape(t, base))
 
 	id := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "observed", CapacityRange: capRange(64 * mib), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
 	_, err := c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "no-such-node", VolumeCapability: vc})
@@ -198,8 +206,15 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 		"NodeUnpublishVolume/OK": 1, "NodeUnstageVolume/OK": 1, "ControllerUnpublishVolume/OK": 1,
 		"ControllerExpandVolume/OK": 1, "DeleteVolume/OK": 1,
 	}
-	if got := m.counts("csid_rpc_duration_seconds", "method", "code"); !maps.Equal(got, wantRPCs) {
-		t.Errorf("csid_rpc_duration_seconds counts by method/code:\n got %v\nwant %v", got, wantRPCs)
+	if got := m.counts("csid_rpcs_total", true, "method", "code"); !maps.Equal(got, wantRPCs) {
+		t.Errorf("csid_rpcs_total by method/code:\n got %v\nwant %v", got, wantRPCs)
+	}
+	byMethod := map[string]uint64{}
+	for k, n := range wantRPCs {
+		byMethod[strings.Split(k, "/")[0]] += n
+	}
+	if got := m.counts("csid_rpc_duration_seconds", true, "method"); !maps.Equal(got, byMethod) {
+		t.Errorf("csid_rpc_duration_seconds counts by method:\n got %v\nwant %v", got, byMethod)
 	}
 	// Ops: one per transition, the failed attach as failed, the retried
 	// attach as one retry; durations counted once per finished op.
@@ -208,8 +223,8 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 		fsm.NodeUnpublish: {1, 0}, fsm.NodeUnstage: {1, 0}, fsm.ControllerUnpublish: {1, 0},
 		fsm.Expand: {1, 0}, fsm.Delete: {1, 0}, fsm.NodeExpand: {0, 0},
 	}
-	durations := m.counts("csid_op_duration_seconds", "event")
-	for _, e := range fsm.Events {
+	durations := m.counts("csid_op_duration_seconds", false, "event")
+	for _, e := range fsm.OpEvents {
 		w := wantOps[e]
 		if got := m.value(t, "csid_ops_total", "event="+string(e), "outcome=succeeded"); got != w[0] {
 			t.Errorf("csid_ops_total{event=%s,outcome=succeeded} = %v, want %v", e, got, w[0])
@@ -249,6 +264,32 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 		t.Errorf("csid_build_info = %v", got)
 	}
 	checkDocumented(t, m)
+}
+
+// checkSeriesFromTheStart: before any call, every labelled series exists
+// at zero, so that rate() and alerts see a zero rather than nothing.
+func checkSeriesFromTheStart(t *testing.T, m families) {
+	t.Helper()
+	rpcs := m.counts("csid_rpcs_total", false, "method", "code")
+	durations := m.counts("csid_rpc_duration_seconds", false, "method")
+	for _, method := range []string{"Probe", "CreateVolume", "ControllerPublishVolume", "ControllerExpandVolume", "NodeStageVolume", "NodePublishVolume", "NodeGetVolumeStats"} {
+		if _, ok := durations[method]; !ok {
+			t.Errorf("csid_rpc_duration_seconds{method=%s} is missing before the first call", method)
+		}
+		for _, c := range []codes.Code{codes.OK, codes.Aborted, codes.FailedPrecondition, codes.Internal, codes.DataLoss} {
+			if n, ok := rpcs[method+"/"+c.String()]; !ok || n != 0 {
+				t.Errorf("csid_rpcs_total{method=%s,code=%s} = %d, %v before the first call; want 0, present", method, c, n, ok)
+			}
+		}
+	}
+	for _, family := range []string{"csid_op_duration_seconds", "csid_op_retries_total", "csid_op_waits_total", "csid_ops_active"} {
+		got := m.counts(family, false, "event")
+		for _, e := range fsm.OpEvents {
+			if _, ok := got[string(e)]; !ok {
+				t.Errorf("%s{event=%s} is missing before the first op", family, e)
+			}
+		}
+	}
 }
 
 // wantStates checks csid_volumes: one volume in state want ("" for none),

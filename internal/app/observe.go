@@ -15,6 +15,7 @@ import (
 	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
 )
 
 // backendCheckTTL is how long a backend check's result is reused: probes
@@ -73,10 +74,17 @@ func (ob *observability) rpcObserver() driver.RPCObserver {
 // /healthz. Readiness is the engine's (recovery finished, not shutting
 // down), the store's (the file takes writes and is readable; with the
 // engine's, what Probe reports) and the backend's (a cheap call, cached for backendCheckTTL).
-func (ob *observability) start(o Options, eng *ops.Engine, st *store.Store, backend func(context.Context) error) error {
+func (ob *observability) start(o Options, eng *ops.Engine, st *store.Store, srv *grpc.Server, backend func(context.Context) error) error {
 	if ob == nil {
 		return nil
 	}
+	var methods []string
+	for name, svc := range srv.GetServiceInfo() {
+		for _, m := range svc.Methods {
+			methods = append(methods, "/"+name+"/"+m.Name)
+		}
+	}
+	ob.m.Serving(methods)
 	if err := ob.m.Watch(eng, nil); err != nil {
 		return err
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/ops"
-	"google.golang.org/grpc/codes"
 )
 
 // PublishContextDiskID is the publish_context key that tells the node which
@@ -44,13 +43,13 @@ type Controller struct {
 
 // Executors returns the controller's executors by event.
 func (c *Controller) Executors() map[fsm.Event]ops.Executor {
-	return map[fsm.Event]ops.Executor{
+	return kinded(map[fsm.Event]ops.Executor{
 		fsm.Create:              createExec{c.Cloud},
 		fsm.Delete:              deleteExec{c.Cloud},
 		fsm.ControllerPublish:   publishExec{c.Cloud},
 		fsm.ControllerUnpublish: unpublishExec{c.Cloud},
 		fsm.Expand:              expandExec{c.Cloud},
-	}
+	})
 }
 
 // startOrResume waits on the cloud operation the op recorded, or starts one
@@ -177,7 +176,7 @@ func pickZone(c cloud.Cloud, wanted []string) (string, error) {
 			return z, nil
 		}
 	}
-	return "", ops.Errorf(codes.ResourceExhausted, "cannot create a disk in any of the requested zones %v; this backend has %v", wanted, have)
+	return "", ops.Errorf(ops.Exhausted, "cannot create a disk in any of the requested zones %v; this backend has %v", wanted, have)
 }
 
 func diskSpec(volumeID, zone string, a *ops.CreateArgs) (cloud.DiskSpec, error) {
@@ -202,7 +201,7 @@ func (e deleteExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error
 	}
 	_, err := startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.DeleteDisk(ctx, x.Volume.DiskID) })
 	if errors.Is(err, cloud.ErrAttached) {
-		return ops.Result{}, ops.Errorf(codes.FailedPrecondition,
+		return ops.Result{}, ops.Errorf(ops.Conflict,
 			"disk %s of volume %s is still attached in the cloud; unpublish it first", x.Volume.DiskID, x.Op.VolumeID)
 	}
 	return ops.Result{}, err
@@ -219,13 +218,12 @@ func (e publishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, erro
 	}
 	if _, err := e.c.GetNode(ctx, a.Node); errors.Is(err, cloud.ErrNotFound) || errors.Is(err, cloud.ErrInvalid) {
 		// A node id the backend cannot even hold names no node it has.
-		return ops.Result{}, ops.Errorf(codes.NotFound, "node %s does not exist", a.Node)
+		return ops.Result{}, ops.Errorf(ops.NotFound, "node %s does not exist", a.Node)
 	} else if err != nil {
 		return ops.Result{}, err
 	}
 	_, err = startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.AttachDisk(ctx, x.Volume.DiskID, a.Node) })
-	// The engine's classify turns these into FailedPrecondition and
-	// ResourceExhausted.
+	// kindOf makes these Conflict and Exhausted.
 	switch {
 	case errors.Is(err, cloud.ErrAttached):
 		return ops.Result{}, fmt.Errorf("disk %s of volume %s is attached to another node: %w", x.Volume.DiskID, x.Op.VolumeID, err)
@@ -293,7 +291,7 @@ func (e expandExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error
 	case errors.Is(err, cloud.ErrAttached):
 		// csid holds the volume detached; the cloud disagrees (a detach
 		// still finishing). Worth another try.
-		return ops.Result{}, ops.Retryable(fmt.Errorf("disk %s is still attached in the cloud: %w", x.Volume.DiskID, err))
+		return ops.Result{}, ops.Mark(fmt.Errorf("disk %s is still attached in the cloud: %w", x.Volume.DiskID, err), ops.Transient)
 	case err != nil:
 		return ops.Result{}, err
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/store"
-	"google.golang.org/grpc/codes"
 )
 
 // DefaultFsType is the filesystem of a mount volume whose capability names
@@ -27,13 +26,13 @@ type Node struct {
 
 // Executors returns the node's executors by event.
 func (n *Node) Executors() map[fsm.Event]ops.Executor {
-	return map[fsm.Event]ops.Executor{
+	return kinded(map[fsm.Event]ops.Executor{
 		fsm.NodeStage:     stageExec{n},
 		fsm.NodeUnstage:   unstageExec{n},
 		fsm.NodePublish:   nodePublishExec{n},
 		fsm.NodeUnpublish: nodeUnpublishExec{n},
 		fsm.NodeExpand:    nodeExpandExec{n},
-	}
+	})
 }
 
 // diskOf is the disk a node op works on: the volume's, or (for a volume a
@@ -45,7 +44,7 @@ func diskOf(v store.Volume, publishContext map[string]string) (string, error) {
 	if id := publishContext[PublishContextDiskID]; id != "" {
 		return id, nil
 	}
-	return "", ops.Errorf(codes.FailedPrecondition, "volume %s: no disk recorded and no %s in the publish context", v.ID, PublishContextDiskID)
+	return "", ops.Errorf(ops.Conflict, "volume %s: no disk recorded and no %s in the publish context", v.ID, PublishContextDiskID)
 }
 
 // device finds the block device of the volume's disk on this node.
@@ -56,7 +55,7 @@ func (n *Node) device(ctx context.Context, v store.Volume, publishContext map[st
 	}
 	dev, err := n.Host.DevicePath(ctx, diskID)
 	if errors.Is(err, cloud.ErrNotFound) {
-		return "", ops.Errorf(codes.FailedPrecondition, "disk %s of volume %s is not attached to node %s", diskID, v.ID, n.Host.NodeID())
+		return "", ops.Errorf(ops.Conflict, "disk %s of volume %s is not attached to node %s", diskID, v.ID, n.Host.NodeID())
 	}
 	return dev, err
 }
@@ -158,7 +157,7 @@ func (e nodePublishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, 
 		return ops.Result{}, e.n.Mounter.BindMountDevice(ctx, dev, a.TargetPath, a.ReadOnly)
 	}
 	if !mounted(ctx, e.n.Mounter, a.StagingPath) {
-		return ops.Result{}, ops.Errorf(codes.FailedPrecondition, "volume %s is not mounted at its staging path %s", x.Op.VolumeID, a.StagingPath)
+		return ops.Result{}, ops.Errorf(ops.Conflict, "volume %s is not mounted at its staging path %s", x.Op.VolumeID, a.StagingPath)
 	}
 	return ops.Result{}, e.n.Mounter.BindMount(ctx, a.StagingPath, a.TargetPath, a.ReadOnly)
 }
@@ -192,7 +191,7 @@ type nodeExpandExec struct{ n *Node }
 func (e nodeExpandExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
 	st := x.Volume.Stage
 	if st == nil {
-		return ops.Result{}, ops.Errorf(codes.FailedPrecondition, "volume %s is not staged on this node", x.Op.VolumeID)
+		return ops.Result{}, ops.Errorf(ops.Conflict, "volume %s is not staged on this node", x.Op.VolumeID)
 	}
 	dev := st.Device
 	if dev == "" {
@@ -218,13 +217,18 @@ func (nodeExpandExec) Compensate(context.Context, *ops.Exec) error { return nil 
 // finds the disk the publish context names attached to this node and starts
 // a record for it in NODE_READY. A disk not attached here is NotFound.
 func (n *Node) Adopt(ctx context.Context, volumeID string, a *ops.NodeStageArgs) (*store.Volume, error) {
+	v, err := n.adopt(ctx, volumeID, a)
+	return v, kindOf(err)
+}
+
+func (n *Node) adopt(ctx context.Context, volumeID string, a *ops.NodeStageArgs) (*store.Volume, error) {
 	diskID := a.PublishContext[PublishContextDiskID]
 	if diskID == "" {
-		return nil, ops.Errorf(codes.NotFound, "volume %s is unknown to this node and the publish context names no disk (%s)", volumeID, PublishContextDiskID)
+		return nil, ops.Errorf(ops.NotFound, "volume %s is unknown to this node and the publish context names no disk (%s)", volumeID, PublishContextDiskID)
 	}
 	dev, err := n.Host.DevicePath(ctx, diskID)
 	if errors.Is(err, cloud.ErrNotFound) {
-		return nil, ops.Errorf(codes.NotFound, "volume %s (disk %s) is not attached to node %s", volumeID, diskID, n.Host.NodeID())
+		return nil, ops.Errorf(ops.NotFound, "volume %s (disk %s) is not attached to node %s", volumeID, diskID, n.Host.NodeID())
 	} else if err != nil {
 		return nil, err
 	}

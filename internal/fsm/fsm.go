@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -72,8 +73,12 @@ const (
 )
 
 // Events lists every event in lifecycle order.
-var Events = []Event{Create, ControllerPublish, NodeStage, NodePublish, NodeUnpublish,
-	NodeUnstage, ControllerUnpublish, Delete, Expand, NodeExpand, Adopt, Rebuild, Rollback, Forget}
+var Events = append(slices.Clone(OpEvents), Adopt, Rebuild, Rollback, Forget)
+
+// OpEvents lists the events that are asked for (CSI calls), which the
+// operation engine runs as ops; the others record what csid finds.
+var OpEvents = []Event{Create, ControllerPublish, NodeStage, NodePublish, NodeUnpublish,
+	NodeUnstage, ControllerUnpublish, Delete, Expand, NodeExpand}
 
 // Valid reports whether s is one of the lifecycle states.
 func (s State) Valid() bool {

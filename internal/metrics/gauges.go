@@ -71,7 +71,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range fsm.States {
 		ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.Volumes[st]), string(st))
 	}
-	for _, e := range fsm.Events {
+	for _, e := range fsm.OpEvents {
 		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(s.Active[e]), string(e))
 	}
 	for _, st := range []store.ResizeStatus{store.ResizeQueued, store.ResizeRunning} {

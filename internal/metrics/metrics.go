@@ -63,7 +63,9 @@ type Metrics struct {
 	log zerolog.Logger
 
 	rpc         *prometheus.HistogramVec
+	rpcs        *prometheus.CounterVec
 	ops         *prometheus.CounterVec
+	waits       *prometheus.CounterVec
 	opDuration  *prometheus.HistogramVec
 	retries     *prometheus.CounterVec
 	commit      prometheus.Histogram
@@ -85,9 +87,17 @@ func New(o Options) *Metrics {
 		log: o.Log,
 		rpc: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "csid_rpc_duration_seconds",
-			Help:    "Time csid took to answer a CSI RPC, by method (CreateVolume, NodePublishVolume, ...) and gRPC status code.",
+			Help:    "Time csid took to answer a CSI RPC, by method (CreateVolume, NodePublishVolume, ...).",
 			Buckets: latencyBuckets,
+		}, []string{"method"}),
+		rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "csid_rpcs_total",
+			Help: "CSI RPCs answered, by method and gRPC status code.",
 		}, []string{"method", "code"}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "csid_op_waits_total",
+			Help: "Requests that waited on an operation already in flight which they did not start (a CO's retry joining it, a publish held by a resize), by the request's event.",
+		}, []string{"event"}),
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "csid_ops_total",
 			Help: "Operations finished, by event (create, controller_publish, ...) and outcome (succeeded, failed).",
@@ -112,22 +122,38 @@ func New(o Options) *Metrics {
 			Buckets: batchBuckets,
 		}),
 	}
-	// Every event and outcome from the start, so that rate() and alerts see
+	// Every labelled series from the start, so that rate() and alerts see
 	// a zero rather than no series.
-	for _, e := range fsm.Events {
+	for _, e := range fsm.OpEvents {
 		m.ops.WithLabelValues(string(e), OutcomeSucceeded)
 		m.ops.WithLabelValues(string(e), OutcomeFailed)
 		m.retries.WithLabelValues(string(e))
+		m.waits.WithLabelValues(string(e))
+		m.opDuration.WithLabelValues(string(e))
 	}
+
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "csid_build_info",
 		Help:        "Always 1; the labels say which csid runs, and in which mode.",
 		ConstLabels: prometheus.Labels{"version": o.Version, "mode": o.Mode},
 	})
 	build.Set(1)
-	m.reg.MustRegister(m.rpc, m.ops, m.opDuration, m.retries, m.commit, m.commitBatch, build,
+	m.reg.MustRegister(m.rpc, m.rpcs, m.ops, m.waits, m.opDuration, m.retries, m.commit, m.commitBatch, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// Serving makes the RPC series of the methods the process serves (full
+// gRPC names, as the interceptor sees them) exist at zero, before the
+// first call.
+func (m *Metrics) Serving(methods []string) {
+	for _, full := range methods {
+		method := methodLabel(full)
+		m.rpc.WithLabelValues(method)
+		for _, c := range RPCCodes {
+			m.rpcs.WithLabelValues(method, c.String())
+		}
+	}
 }
 
 // Registry is the process's registry (tests gather from it directly).
@@ -149,11 +175,25 @@ func (m *Metrics) Handler() http.Handler {
 // method name; the label is its last element ("CreateVolume"), which is
 // unique across the CSI services.
 func (m *Metrics) RPCFinished(method string, code codes.Code, took time.Duration) {
-	if i := strings.LastIndexByte(method, '/'); i >= 0 {
-		method = method[i+1:]
-	}
-	m.rpc.WithLabelValues(method, code.String()).Observe(took.Seconds())
+	method = methodLabel(method)
+	m.rpc.WithLabelValues(method).Observe(took.Seconds())
+	m.rpcs.WithLabelValues(method, code.String()).Inc()
 }
+
+// methodLabel is the last element of a full gRPC method name.
+func methodLabel(full string) string {
+	if i := strings.LastIndexByte(full, '/'); i >= 0 {
+		return full[i+1:]
+	}
+	return full
+}
+
+// RPCCodes are the status codes csid answers with (the engine's kinds',
+// OK, and the two a caller's context ends with): the codes of
+// csid_rpcs_total's series that exist from the start.
+var RPCCodes = []codes.Code{codes.OK, codes.Canceled, codes.InvalidArgument, codes.DeadlineExceeded, codes.NotFound,
+	codes.AlreadyExists, codes.ResourceExhausted, codes.FailedPrecondition, codes.Aborted, codes.OutOfRange,
+	codes.Unimplemented, codes.Internal, codes.Unavailable, codes.DataLoss}
 
 // OpFinished records a finished op (ops.Observer).
 func (m *Metrics) OpFinished(e fsm.Event, outcome string, took time.Duration) {
@@ -163,6 +203,10 @@ func (m *Metrics) OpFinished(e fsm.Event, outcome string, took time.Duration) {
 
 // OpRetried records a transient failure that will be retried (ops.Observer).
 func (m *Metrics) OpRetried(e fsm.Event) { m.retries.WithLabelValues(string(e)).Inc() }
+
+// OpWaited records a request waiting on an op it did not start
+// (ops.Observer).
+func (m *Metrics) OpWaited(e, _ fsm.Event, _ uint64) { m.waits.WithLabelValues(string(e)).Inc() }
 
 // StoreCommitted records one store commit: the store.Options.Observe hook.
 func (m *Metrics) StoreCommitted(batch int, took time.Duration) {

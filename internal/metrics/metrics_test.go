@@ -52,8 +52,8 @@ csid_store_size_bytes 1.048576e+06
 	if n := testutil.CollectAndCount(&gauges{src: src, now: time.Now}, "csid_volumes"); n != len(fsm.States) {
 		t.Errorf("csid_volumes has %d series, want one per state (%d)", n, len(fsm.States))
 	}
-	if n := testutil.CollectAndCount(&gauges{src: src, now: time.Now}, "csid_ops_active"); n != len(fsm.Events) {
-		t.Errorf("csid_ops_active has %d series, want one per event (%d)", n, len(fsm.Events))
+	if n := testutil.CollectAndCount(&gauges{src: src, now: time.Now}, "csid_ops_active"); n != len(fsm.OpEvents) {
+		t.Errorf("csid_ops_active has %d series, want one per event (%d)", n, len(fsm.OpEvents))
 	}
 }
 
@@ -68,7 +68,7 @@ func TestScrapeSurvivesStoreError(t *testing.T) {
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
-	if rec.Code != 200 || !strings.Contains(string(body), `csid_rpc_duration_seconds_count{code="OK",method="CreateVolume"} 1`) ||
+	if rec.Code != 200 || !strings.Contains(string(body), `csid_rpcs_total{code="OK",method="CreateVolume"} 1`) ||
 		strings.Contains(string(body), "csid_volumes{") {
 		t.Fatalf("%d\n%s", rec.Code, body)
 	}

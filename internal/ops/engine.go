@@ -8,14 +8,21 @@
 // record and its history. After a crash, Start resumes every op that was
 // accepted before answering as ready.
 //
+// The engine knows no provider: executors report failures in the engine's
+// own kinds (Kind), and Kind.Code alone maps them to gRPC codes.
+//
 // Rules of the engine (design.md, "The operation pipeline"):
 //   - at most one op is active per volume; ops of different volumes run in
 //     parallel, bounded by Config.Workers;
 //   - an identical request joins the op in flight; a different one gets
-//     codes.Aborted, except that an inverse request (unpublish, unstage)
+//     Busy (Aborted), except that an inverse request (unpublish, unstage)
 //     cancels its forward op, and a publish waits for a resize;
-//   - an expand of an attached volume waits in the durable resize queue,
-//     and the commit of its controller_unpublish starts it.
+//   - an expand of an attached volume waits in the durable resize queue
+//     (resize.go), and the commit of any op that leaves the volume
+//     detached and idle starts it;
+//   - no wedge: every attempt has a deadline (Config.Deadlines), a commit
+//     the state file cannot take waits for the store and is retried, and
+//     only shutdown leaves an op for the next start.
 package ops
 
 import (
@@ -33,7 +40,6 @@ import (
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/rs/zerolog"
-	"google.golang.org/grpc/codes"
 )
 
 // Executor performs the effects of one event.
@@ -54,7 +60,7 @@ type Executor interface {
 
 // Adopter resolves, on a node, a volume the node's store has not seen: it
 // returns a record in NODE_READY for a volume attached to this node, or an
-// error (an *Error with codes.NotFound for an unknown volume).
+// error (of kind NotFound for an unknown volume).
 type Adopter func(ctx context.Context, volumeID string, args *NodeStageArgs) (*store.Volume, error)
 
 // Observer receives the engine's events (metrics). Methods must be quick
@@ -63,6 +69,39 @@ type Adopter func(ctx context.Context, volumeID string, args *NodeStageArgs) (*s
 type Observer interface {
 	OpFinished(e fsm.Event, outcome string, took time.Duration)
 	OpRetried(e fsm.Event)
+	// OpWaited: a request for event e waits on op seq (of event on), which
+	// it did not start: a repeated request joining its op in flight, or a
+	// publish held until a resize has finished.
+	OpWaited(e, on fsm.Event, seq uint64)
+}
+
+// Deadlines bound one attempt of an op, per event. An attempt that runs
+// out of time is retried (it is transient) with a message naming what it
+// waited on; host tools (mkfs, e2fsck, resize2fs) are never killed for it:
+// the executor stops waiting, not the tool.
+type Deadlines map[fsm.Event]time.Duration
+
+// DefaultDeadlines are generous: a cloud's attach or a large mkfs can take
+// minutes; a bind mount cannot.
+func DefaultDeadlines() Deadlines {
+	return Deadlines{
+		fsm.Create: 10 * time.Minute, fsm.Delete: 10 * time.Minute,
+		fsm.ControllerPublish: 5 * time.Minute, fsm.ControllerUnpublish: 5 * time.Minute,
+		fsm.Expand: 10 * time.Minute, fsm.NodeStage: 15 * time.Minute, fsm.NodeUnstage: 5 * time.Minute,
+		fsm.NodePublish: 2 * time.Minute, fsm.NodeUnpublish: 2 * time.Minute, fsm.NodeExpand: 15 * time.Minute,
+	}
+}
+
+// of is the deadline of an attempt of event e: the configured one, else the
+// default, else ten minutes.
+func (d Deadlines) of(e fsm.Event) time.Duration {
+	if v, ok := d[e]; ok && v > 0 {
+		return v
+	}
+	if v, ok := DefaultDeadlines()[e]; ok {
+		return v
+	}
+	return 10 * time.Minute
 }
 
 // Config configures an Engine.
@@ -86,6 +125,9 @@ type Config struct {
 	// DrainTimeout bounds how long Close lets running effects finish
 	// before cancelling them (default 10s).
 	DrainTimeout time.Duration
+	// Deadlines bound each attempt of an op, by event (DefaultDeadlines
+	// for the events it leaves out).
+	Deadlines Deadlines
 	Log          zerolog.Logger
 	Observer     Observer
 	// NewID draws volume ids (default "vol-" and 20 random hex digits).
@@ -109,10 +151,6 @@ type Engine struct {
 	workers  sync.WaitGroup
 	sem      chan struct{}
 	sweeper  sync.WaitGroup
-
-	// awaiting, if set (tests only), receives the op a caller starts
-	// waiting on, so a test can prove callers are waiting concurrently.
-	awaiting chan uint64
 }
 
 // errShutdown is the cause of worker contexts cancelled by Close.
@@ -132,8 +170,9 @@ type flight struct {
 	// out and err are the outcome, set before done is closed.
 	out store.Volume
 	err *Error
-	// progress says how the op's attempts went ("attempt 2 failed: ..."),
-	// for callers whose deadline comes first.
+	// progress says how the op's attempts went ("attempt 2 failed: ...",
+	// "waiting to commit the outcome: ..."), for callers whose deadline
+	// comes first.
 	progress atomic.Pointer[string]
 }
 
@@ -229,10 +268,11 @@ func (e *Engine) Started() bool { return e.ready.Load() }
 func (e *Engine) Ready() bool { return e.ready.Load() && e.st.Health() == nil }
 
 // Submit runs one request to its outcome, or until ctx ends. See the package
-// comment for the rules. Errors are *Error values carrying a gRPC code.
+// comment for the rules. Errors are *Error values (their kind's gRPC code is
+// what a caller sees).
 func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 	if err := argsType(req.Event, req.Args); err != nil {
-		return Outcome{}, Errorf(codes.Internal, "%v", err)
+		return Outcome{}, Errorf(Internal, "%v", err)
 	}
 	if !e.ready.Load() {
 		if e.isClosed() {
@@ -241,10 +281,10 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 		return Outcome{}, ErrNotReady
 	}
 	if err := e.st.Health(); err != nil {
-		return Outcome{}, Errorf(codes.Unavailable, "%v; csid takes requests again once it can write its state; retry", err)
+		return Outcome{}, Errorf(Transient, "%v; csid takes requests again once it can write its state; retry", err)
 	}
 	if e.cfg.Executors[req.Event] == nil {
-		return Outcome{}, Errorf(codes.Unimplemented, "this csid does not serve %s (check --mode)", req.Event)
+		return Outcome{}, Errorf(Unsupported, "this csid does not serve %s (check --mode)", req.Event)
 	}
 	var adopted *store.Volume
 	for {
@@ -259,7 +299,7 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 			if e.isClosed() {
 				return Outcome{}, ErrClosed
 			}
-			return Outcome{}, Errorf(codes.Internal, "volume %s: %s: %v", req.VolumeID, req.Event, err)
+			return Outcome{}, Errorf(KindOf(err), "volume %s: %s: %v", req.VolumeID, req.Event, err)
 		}
 		switch d.kind {
 		case done:
@@ -270,17 +310,19 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 		case reject:
 			return Outcome{}, d.err
 		case accept, join:
+			if d.kind == join {
+				e.waited(req, f)
+			}
 			out, err := e.await(ctx, f, d.why)
 			if err != nil {
 				return Outcome{}, blockedBy(req, f, err)
 			}
-			if f.event != req.Event || req.Event == fsm.Expand {
-				// We ran a resize on the way (a publish), or the resize may
-				// need another round (a raised target): look again.
+			if d.replan {
 				continue
 			}
 			return out, nil
 		case waitThenReplan:
+			e.waited(req, f)
 			if _, err := e.await(ctx, f, d.why); err != nil {
 				return Outcome{}, blockedBy(req, f, err)
 			}
@@ -297,12 +339,18 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 // kind (a publish waiting for a resize) that did not succeed. An expand that
 // waited for a resize shares its failure.
 func blockedBy(req Request, f *flight, err error) error {
-	var oe *Error
-	if errors.As(err, &oe) && oe.Code == codes.Aborted || f.event == req.Event {
+	if KindOf(err) == Busy || f.event == req.Event {
 		return err
 	}
-	return Errorf(codes.Aborted, "volume %s: %s waited for %s (operation %d), which failed: %v; retry",
+	return Errorf(Busy, "volume %s: %s waited for %s (operation %d), which failed: %v; retry",
 		f.volumeID, req.Event, f.event, f.seq, err)
+}
+
+// waited tells the Observer that req waits on an op it did not start.
+func (e *Engine) waited(req Request, f *flight) {
+	if e.cfg.Observer != nil {
+		e.cfg.Observer.OpWaited(req.Event, f.event, f.seq)
+	}
 }
 
 var errAdopt = errors.New("adopt first")
@@ -338,6 +386,9 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 		if f = e.flight(d.seq); f != nil {
 			return d, f, nil
 		}
+		// No flight: the op may have just finished, or have been accepted
+		// by a commit whose hook has not launched it yet. The write path
+		// below looks again after every earlier commit's hooks have run.
 	}
 	err = e.st.Update(func(tx *store.Tx) error {
 		d, f = decision{}, nil
@@ -384,10 +435,51 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 	if err != nil {
 		return d, nil, err
 	}
+	if f == nil && d.kind != done && d.kind != reject && d.kind != accept {
+		// The op is in the store without a worker (its last commit failed
+		// for good): run it again rather than wedge the volume. Every
+		// commit before ours has run its hooks, so no launch is pending.
+		if f, err = e.resume(d.seq); err != nil {
+			return d, nil, err
+		}
+	}
 	if f == nil && d.kind != done && d.kind != reject {
-		return d, nil, fmt.Errorf("op %d is active in the store but has no worker", d.seq)
+		return d, nil, ErrClosed // accepted while Close ran: it resumes at the next start
 	}
 	return d, f, nil
+}
+
+// resume starts a worker for an op that is active in the store but has
+// none in this process (what Start does for every such op after a crash).
+// It returns nil when the op is no longer active, or the engine is closing.
+//
+// It reads the store holding e.mu, after finding no flight: a worker leaves
+// the map only in its outcome's commit hook, so a read that starts after
+// that sees the op finished, and two callers cannot both launch it.
+func (e *Engine) resume(seq uint64) (*flight, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f := e.flights[seq]; f != nil || e.closed {
+		return f, nil
+	}
+	var op *store.Op
+	var v *store.Volume
+	err := e.st.View(func(tx *store.Tx) error {
+		var err error
+		if op, err = tx.Op(seq); err != nil || op == nil || !op.Status.Active() {
+			op = nil
+			return err
+		}
+		if v, err = tx.Volume(op.VolumeID); err != nil || v == nil || v.ActiveOp != seq {
+			op = nil
+		}
+		return err
+	})
+	if err != nil || op == nil {
+		return nil, err
+	}
+	e.log.Warn().Uint64("op", seq).Str("volume", op.VolumeID).Str("event", string(op.Event)).Msg("op had no worker; resuming it")
+	return e.launchLocked(op, v), nil
 }
 
 func (e *Engine) adopt(ctx context.Context, req Request) (*store.Volume, error) {
@@ -426,8 +518,12 @@ func (e *Engine) launchAccepted(op *store.Op, v *store.Volume) *flight {
 	return e.launchLocked(op, v)
 }
 
-// launchLocked registers a flight for op and starts its worker. e.mu held.
+// launchLocked registers a flight for op and starts its worker, unless it
+// has one already. e.mu held.
 func (e *Engine) launchLocked(op *store.Op, v *store.Volume) *flight {
+	if f := e.flights[op.Seq]; f != nil {
+		return f
+	}
 	ctx, cancel := context.WithCancelCause(e.base)
 	f := &flight{seq: op.Seq, event: op.Event, volumeID: op.VolumeID, op: op, vol: *v,
 		ctx: ctx, cancel: cancel, done: make(chan struct{})}
@@ -439,9 +535,6 @@ func (e *Engine) launchLocked(op *store.Op, v *store.Volume) *flight {
 
 // await waits for a flight's outcome, or for ctx.
 func (e *Engine) await(ctx context.Context, f *flight, why string) (Outcome, error) {
-	if e.awaiting != nil {
-		e.awaiting <- f.seq
-	}
 	select {
 	case <-f.done:
 		if f.err != nil {
@@ -456,7 +549,7 @@ func (e *Engine) await(ctx context.Context, f *flight, why string) (Outcome, err
 		if p := f.progress.Load(); p != nil {
 			msg += " (" + *p + ")"
 		}
-		return Outcome{}, Errorf(codes.Aborted, "%s; retry with the same arguments to wait for it", msg)
+		return Outcome{}, Errorf(Busy, "%s; retry with the same arguments to wait for it", msg)
 	}
 }
 

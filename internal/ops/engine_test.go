@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/csid-dev/csid/internal/testutil"
@@ -27,7 +26,6 @@ func lifecycle(t testing.TB, h *harness, name string) string {
 
 func TestConcurrentIdenticalSubmissionsRunOnce(t *testing.T) {
 	h := newHarness(t)
-	h.eng.awaiting = make(chan uint64, 8)
 	release := h.ex.gate(fsm.Create)
 	type res struct {
 		out Outcome
@@ -41,17 +39,16 @@ func TestConcurrentIdenticalSubmissionsRunOnce(t *testing.T) {
 		}()
 	}
 	waitEntered(t, h.ex, "create ") // the create's volume has no id yet in the log line
-	seq1, seq2 := <-h.eng.awaiting, <-h.eng.awaiting
-	if seq1 != seq2 {
-		t.Fatalf("callers wait on different ops %d and %d", seq1, seq2)
-	}
+	// One caller started the op (its executor is held, so it waits); the
+	// other joined it.
+	joined := <-h.waits
 	release()
 	a, b := <-results, <-results
 	if a.err != nil || b.err != nil {
 		t.Fatal(a.err, b.err)
 	}
-	if a.out.Volume.ID != b.out.Volume.ID || a.out.OpSeq != b.out.OpSeq || a.out.Volume.DiskID == "" {
-		t.Fatalf("different outcomes: %+v / %+v", a.out, b.out)
+	if a.out.Volume.ID != b.out.Volume.ID || a.out.OpSeq != b.out.OpSeq || a.out.OpSeq != joined || a.out.Volume.DiskID == "" {
+		t.Fatalf("different outcomes: %+v / %+v (joined op %d)", a.out, b.out, joined)
 	}
 	if n := h.ex.count(fsm.Create); n != 1 {
 		t.Fatalf("executor ran %d times", n)
@@ -168,7 +165,7 @@ func TestFailedForwardOpIsCompensatedAndLeavesStateUnchanged(t *testing.T) {
 	id := h.must(createReq("pvc-a", gib)).Volume.ID
 	h.ex.fail = func(x *Exec) error {
 		if x.Op.Event == fsm.ControllerPublish {
-			return cloud.ErrLimitReached
+			return Errorf(Exhausted, "node node-1 cannot take another disk")
 		}
 		return nil
 	}
@@ -245,7 +242,7 @@ func TestTransientErrorsAreRetriedWithBackoffOnAnInjectedClock(t *testing.T) {
 		defer mu.Unlock()
 		if x.Op.Event == fsm.ControllerPublish && failures > 0 {
 			failures--
-			return cloud.ErrTransient
+			return errTransient
 		}
 		return nil
 	}
@@ -298,7 +295,7 @@ func TestRetriesGiveUpAfterMaxAttempts(t *testing.T) {
 	id := h.must(createReq("pvc-a", gib)).Volume.ID
 	h.ex.fail = func(x *Exec) error {
 		if x.Op.Event == fsm.ControllerPublish {
-			return Retryable(errors.New("api throttled"))
+			return Mark(errors.New("api throttled"), Transient)
 		}
 		return nil
 	}
@@ -328,10 +325,10 @@ func TestDeadlineReturnsAbortedAndTheRetryJoins(t *testing.T) {
 		t.Errorf("message: %v", err)
 	}
 	// The op went on; the CO's retry with the same arguments joins it.
-	h.eng.awaiting = make(chan uint64, 1)
 	outc := make(chan Outcome, 1)
+	h.drainWaits()
 	go func() { outc <- h.must(publishReq(id, "node-1")) }()
-	<-h.eng.awaiting
+	<-h.waits
 	release()
 	out := <-outc
 	if out.Volume.State != fsm.NodeReady || h.ex.count(fsm.ControllerPublish) != 1 {
@@ -367,7 +364,7 @@ func TestNodeAdoptsAVolumeItHasNotSeen(t *testing.T) {
 		c.Adopt = func(ctx context.Context, id string, a *NodeStageArgs) (*store.Volume, error) {
 			asked = append(asked, id)
 			if id != "vol-attached" {
-				return nil, Errorf(codes.NotFound, "volume %s is not attached to this node", id)
+				return nil, Errorf(NotFound, "volume %s is not attached to this node", id)
 			}
 			return &store.Volume{DiskID: "disk-1", CapacityBytes: gib, Capability: mountCap,
 				Attachment: &store.Attachment{Node: "node-1", PublishContext: a.PublishContext}}, nil

@@ -5,85 +5,184 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/csid-dev/csid/internal/cloud"
-	"github.com/csid-dev/csid/internal/mounter"
+	"github.com/csid-dev/csid/internal/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// Error is an outcome to report to the caller with a gRPC code. It
-// implements GRPCStatus, so a gRPC handler may return it as it is.
+// Kind is what a failed outcome means, in the engine's own terms. The
+// planner answers with kinds, executors report their failures as kinds
+// (internal/effects translates the provider's and the host's errors), and
+// Kind.Code alone turns a kind into the gRPC code a caller sees.
+type Kind string
+
+// The kinds of failure.
+const (
+	// Internal: a failure nothing above can act on (a bug, an unknown
+	// error). The default for an error of no kind.
+	Internal Kind = "internal"
+	// Transient: may pass; the engine retries it with backoff, and
+	// answers it as "unavailable, retry" when it gives up.
+	Transient Kind = "transient"
+	// Invalid: an argument is malformed or unsupported.
+	Invalid Kind = "invalid"
+	// NotFound: the volume, node or path does not exist.
+	NotFound Kind = "not_found"
+	// Exists: the name or slot is taken by an object with other
+	// arguments.
+	Exists Kind = "exists"
+	// Conflict: not possible in the volume's current state (attached
+	// elsewhere, not staged, in use): the caller must change something
+	// first.
+	Conflict Kind = "conflict"
+	// Busy: another operation is in the way, or the caller's deadline came
+	// before the outcome; retry with the same arguments.
+	Busy Kind = "busy"
+	// Exhausted: no capacity or attach slot left.
+	Exhausted Kind = "exhausted"
+	// OutOfRange: a size the volume cannot take (a shrink, or beyond what
+	// the backend can hold).
+	OutOfRange Kind = "out_of_range"
+	// Unsupported: this csid does not serve the request (its mode).
+	Unsupported Kind = "unsupported"
+	// Damaged: a stored record failed its integrity check; it is never
+	// acted on.
+	Damaged Kind = "damaged"
+)
+
+// Code is the one mapping from the engine's kinds to gRPC codes.
+func (k Kind) Code() codes.Code {
+	switch k {
+	case Transient:
+		return codes.Unavailable
+	case Invalid:
+		return codes.InvalidArgument
+	case NotFound:
+		return codes.NotFound
+	case Exists:
+		return codes.AlreadyExists
+	case Conflict:
+		return codes.FailedPrecondition
+	case Busy:
+		return codes.Aborted
+	case Exhausted:
+		return codes.ResourceExhausted
+	case OutOfRange:
+		return codes.OutOfRange
+	case Unsupported:
+		return codes.Unimplemented
+	case Damaged:
+		return codes.DataLoss
+	default:
+		return codes.Internal
+	}
+}
+
+// kinds lists every kind, for kindOfCode.
+var kinds = []Kind{Internal, Transient, Invalid, NotFound, Exists, Conflict, Busy, Exhausted, OutOfRange, Unsupported, Damaged}
+
+// kindOfCode reads back the kind of a failure stored as its gRPC code's
+// name (op records keep the code an operator knows), through Code.
+func kindOfCode(name string) Kind {
+	for _, k := range kinds {
+		if k.Code().String() == name {
+			return k
+		}
+	}
+	return Internal
+}
+
+// Error is an outcome with its kind, as a caller gets it. It implements
+// GRPCStatus, so a gRPC handler may return it as it is.
 type Error struct {
-	Code codes.Code
+	Kind Kind
 	Msg  string
 }
 
 func (e *Error) Error() string { return e.Msg }
 
-// GRPCStatus makes status.FromError and status.Code see the code.
-func (e *Error) GRPCStatus() *status.Status { return status.New(e.Code, e.Msg) }
+// GRPCStatus makes status.FromError and status.Code see the kind's code.
+func (e *Error) GRPCStatus() *status.Status { return status.New(e.Kind.Code(), e.Msg) }
 
-// Errorf builds an Error.
-func Errorf(code codes.Code, format string, args ...any) *Error {
-	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
+// Errorf builds an Error of kind k.
+func Errorf(k Kind, format string, args ...any) *Error {
+	return &Error{Kind: k, Msg: fmt.Sprintf(format, args...)}
 }
 
-// Retryable marks an executor error as transient: the engine retries the
-// op with backoff instead of failing it.
-func Retryable(err error) error { return retryable{err} }
+// Mark gives err the kind k, keeping it in the chain (errors.Is and As still
+// see it) and its message unchanged. Executors mark what they return.
+func Mark(err error, k Kind) error {
+	if err == nil {
+		return nil
+	}
+	return &marked{err: err, kind: k}
+}
 
-type retryable struct{ error }
+type marked struct {
+	err  error
+	kind Kind
+}
 
-func (r retryable) Unwrap() error { return r.error }
+func (m *marked) Error() string { return m.err.Error() }
+func (m *marked) Unwrap() error { return m.err }
 
-// classify is the one place where the errors of the layers below (cloud,
-// mounter, executors) become gRPC codes, and where csid decides what is
-// worth retrying.
-func classify(err error) (code codes.Code, transient bool) {
-	var oe *Error
-	var r retryable
+// KindOf is the kind of an error: the outermost kind given to it (an
+// *Error, or Mark), else what the engine itself knows of (a store that
+// cannot write is transient; an ended context means "busy, retry"), else
+// Internal.
+func KindOf(err error) Kind {
+	if err == nil {
+		return ""
+	}
+	if k, ok := givenKind(err); ok {
+		return k
+	}
 	switch {
-	case errors.As(err, &oe):
-		return oe.Code, errors.As(err, &r)
-	case errors.As(err, &r), errors.Is(err, cloud.ErrTransient), errors.Is(err, mounter.ErrInUse):
-		return codes.Unavailable, true
+	case errors.Is(err, store.ErrUnavailable):
+		return Transient
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return codes.Aborted, false
-	case errors.Is(err, cloud.ErrNotFound):
-		return codes.NotFound, false
-	case errors.Is(err, cloud.ErrAlreadyExists):
-		return codes.AlreadyExists, false
-	case errors.Is(err, cloud.ErrAttached):
-		return codes.FailedPrecondition, false
-	case errors.Is(err, cloud.ErrLimitReached):
-		return codes.ResourceExhausted, false
-	case errors.Is(err, cloud.ErrInvalid):
-		return codes.InvalidArgument, false
-	case errors.Is(err, mounter.ErrInvalidPath):
-		return codes.InvalidArgument, false
-	case errors.Is(err, mounter.ErrFormatMismatch), errors.Is(err, mounter.ErrBusy):
-		return codes.FailedPrecondition, false
-	case errors.Is(err, mounter.ErrNotMounted):
-		return codes.NotFound, false
-	case errors.Is(err, mounter.ErrProbeFailed):
-		return codes.Internal, false
+		return Busy
 	default:
-		return codes.Internal, false
+		return Internal
 	}
 }
 
-// asError turns any executor error into the Error a caller sees.
+// GivenKind returns the kind given to err (the outermost *Error or Mark in
+// its chain, depth first as errors.As searches), if any: an executor that
+// translates other errors leaves one that has a kind as it is.
+func GivenKind(err error) (Kind, bool) { return givenKind(err) }
+
+func givenKind(err error) (Kind, bool) {
+	switch e := err.(type) {
+	case *Error:
+		return e.Kind, true
+	case *marked:
+		return e.kind, true
+	case interface{ Unwrap() error }:
+		if inner := e.Unwrap(); inner != nil {
+			return givenKind(inner)
+		}
+	case interface{ Unwrap() []error }:
+		for _, inner := range e.Unwrap() {
+			if k, ok := givenKind(inner); ok {
+				return k, true
+			}
+		}
+	}
+	return "", false
+}
+
+// asError turns any error into the Error a caller sees: itself if it is
+// one, else its message with its kind.
 func asError(err error) *Error {
-	var oe *Error
-	if errors.As(err, &oe) {
+	if oe, ok := err.(*Error); ok {
 		return oe
 	}
-	code, _ := classify(err)
-	return &Error{Code: code, Msg: err.Error()}
+	return &Error{Kind: KindOf(err), Msg: err.Error()}
 }
 
 // ErrClosed is returned by Submit once the engine is shutting down.
-var ErrClosed = Errorf(codes.Unavailable, "csid is shutting down; retry")
+var ErrClosed = Errorf(Transient, "csid is shutting down; retry")
 
 // ErrNotReady is returned by Submit before recovery has finished.
-var ErrNotReady = Errorf(codes.Unavailable, "csid is recovering its operations; retry")
+var ErrNotReady = Errorf(Transient, "csid is recovering its operations; retry")

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -34,6 +35,9 @@ type fakeExec struct {
 
 	overlaps atomic.Int64
 }
+
+// errTransient is a failure that may pass, as an executor reports it.
+var errTransient = Mark(errors.New("transient: the backend is busy"), Transient)
 
 func newFakeExec() *fakeExec {
 	return &fakeExec{calls: map[fsm.Event]int{}, comps: map[fsm.Event]int{}, running: map[string]int{},
@@ -152,10 +156,26 @@ type harness struct {
 	clock Clock
 	cfg   func(*Config)
 	sopts store.Options
+	// waits receives the op of every request that waits on an op it did
+	// not start (the engine's Observer.OpWaited).
+	waits chan uint64
+}
+
+// waitObserver forwards OpWaited to a channel; the rest it ignores.
+type waitObserver struct{ waits chan uint64 }
+
+func (o waitObserver) OpFinished(fsm.Event, string, time.Duration) {}
+func (o waitObserver) OpRetried(fsm.Event)                         {}
+func (o waitObserver) OpWaited(_, _ fsm.Event, seq uint64) {
+	select {
+	case o.waits <- seq:
+	default: // a test that does not read them (many waits) drops them
+	}
 }
 
 func newHarness(t testing.TB, tweak ...func(*Config)) *harness {
-	h := &harness{t: t, path: filepath.Join(t.TempDir(), "csid.db"), ex: newFakeExec(), clock: RealClock{}}
+	h := &harness{t: t, path: filepath.Join(t.TempDir(), "csid.db"), ex: newFakeExec(), clock: RealClock{},
+		waits: make(chan uint64, 64)}
 	h.cfg = func(c *Config) {
 		for _, f := range tweak {
 			f(c)
@@ -172,7 +192,8 @@ func (h *harness) start() {
 		h.t.Fatal(err)
 	}
 	cfg := Config{Store: st, Executors: allEvents(h.ex), NodeID: "node-1", Clock: h.clock,
-		Retry: &Backoff{Base: time.Millisecond, Cap: 4 * time.Millisecond, MaxAttempts: 4}, Log: zerolog.Nop()}
+		Retry: &Backoff{Base: time.Millisecond, Cap: 4 * time.Millisecond, MaxAttempts: 4}, Log: zerolog.Nop(),
+		Observer: waitObserver{h.waits}}
 	h.cfg(&cfg)
 	h.clock = cfg.Clock
 	h.st, h.eng = st, New(cfg)
@@ -205,6 +226,17 @@ func (h *harness) restartWith(o store.Options) {
 func (h *harness) restart() {
 	h.stop()
 	h.start()
+}
+
+// drainWaits forgets the waits reported so far.
+func (h *harness) drainWaits() {
+	for {
+		select {
+		case <-h.waits:
+		default:
+			return
+		}
+	}
 }
 
 func (h *harness) submit(req Request) (Outcome, error) {

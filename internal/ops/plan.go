@@ -8,7 +8,6 @@ import (
 
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
-	"google.golang.org/grpc/codes"
 )
 
 // decisionKind is what Submit does with a request.
@@ -46,6 +45,10 @@ type decision struct {
 	// why explains a wait or cancel, for the caller's message if its
 	// deadline comes first.
 	why string
+	// replan: once the op accepted or waited for has finished, plan the
+	// request again rather than answer with its outcome (a publish that
+	// started a resize; an expand, whose target may have risen).
+	replan bool
 }
 
 func (d decision) writes() bool { return d.kind == accept || d.resize != nil || d.note != nil }
@@ -123,8 +126,8 @@ func (p *planner) acceptStep(v *store.Volume, e fsm.Event, g fsm.Guard, raw []by
 	return decision{kind: accept, vol: v.Clone(), op: op}, nil
 }
 
-func rejectf(code codes.Code, format string, args ...any) (decision, error) {
-	return decision{kind: reject, err: Errorf(code, format, args...)}, nil
+func rejectf(k Kind, format string, args ...any) (decision, error) {
+	return decision{kind: reject, err: Errorf(k, format, args...)}, nil
 }
 
 func doneWith(v *store.Volume) (decision, error) { return decision{kind: done, vol: v}, nil }
@@ -135,19 +138,19 @@ func inFlight(active *store.Op, e fsm.Event, fp string) (decision, error) {
 	if active.Event == e && active.Fingerprint == fp {
 		return decision{kind: join, seq: active.Seq}, nil
 	}
-	return rejectf(codes.Aborted, "volume %s has operation %d (%s) in progress; retry later",
+	return rejectf(Busy, "volume %s has operation %d (%s) in progress; retry later",
 		active.VolumeID, active.Seq, active.Event)
 }
 
 // accessMismatch refuses a request for another access type (block or
-// mount) than the volume was created or staged for, with the code its RPC's
-// table gives: InvalidArgument on the controller, FailedPrecondition on the
-// node.
-func accessMismatch(v *store.Volume, accessType string, code codes.Code) (decision, bool) {
+// mount) than the volume was created or staged for, with the kind its
+// RPC's table gives: InvalidArgument (Invalid) on the controller,
+// FailedPrecondition (Conflict) on the node.
+func accessMismatch(v *store.Volume, accessType string, k Kind) (decision, bool) {
 	if v.Capability.AccessType == "" || accessType == "" || v.Capability.AccessType == accessType {
 		return decision{}, false
 	}
-	d, _ := rejectf(code, "volume %s is a %s volume; it cannot be used with %s access",
+	d, _ := rejectf(k, "volume %s is a %s volume; it cannot be used with %s access",
 		v.ID, v.Capability.AccessType, accessType)
 	return d, true
 }
@@ -200,12 +203,12 @@ func (p *planner) planCreate(a *CreateArgs, raw []byte, fp string) (decision, er
 					if active.Fingerprint == fp {
 						return decision{kind: join, seq: active.Seq}, nil
 					}
-					return rejectf(codes.AlreadyExists, "volume %q is being created with other arguments", a.Name)
+					return rejectf(Exists, "volume %q is being created with other arguments", a.Name)
 				}
 			}
 			if v.State != fsm.Absent {
 				if why := createIncompatible(v, a); why != "" {
-					return rejectf(codes.AlreadyExists, "volume %q already exists as %s, %s", a.Name, v.ID, why)
+					return rejectf(Exists, "volume %q already exists as %s, %s", a.Name, v.ID, why)
 				}
 				return doneWith(v)
 			}
@@ -253,7 +256,7 @@ func (p *planner) planDelete(req Request, v *store.Volume, active *store.Op, raw
 		return inFlight(active, fsm.Delete, fp)
 	}
 	if _, err := fsm.Next(v.State, fsm.Delete, fsm.NoGuard); err != nil {
-		return rejectf(codes.FailedPrecondition, "volume %s is %s on node %s; unpublish it before deleting it",
+		return rejectf(Conflict, "volume %s is %s on node %s; unpublish it before deleting it",
 			v.ID, v.State, v.Node())
 	}
 	return p.acceptStep(v, fsm.Delete, fsm.NoGuard, raw, fp)
@@ -262,39 +265,34 @@ func (p *planner) planDelete(req Request, v *store.Volume, active *store.Op, raw
 func (p *planner) planControllerPublish(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
 	a := req.Args.(*ControllerPublishArgs)
 	if v == nil {
-		return rejectf(codes.NotFound, "volume %s does not exist", req.VolumeID)
+		return rejectf(NotFound, "volume %s does not exist", req.VolumeID)
 	}
 	want := capFingerprint(a.Capability, a.ReadOnly)
 	if att := v.Attachment; att != nil && !undoing(active, fsm.ControllerPublish) {
 		switch {
 		case att.Node != a.Node:
-			return rejectf(codes.FailedPrecondition, "volume %s is published to node %s; it can be attached to one node at a time", v.ID, att.Node)
+			return rejectf(Conflict, "volume %s is published to node %s; it can be attached to one node at a time", v.ID, att.Node)
 		case att.Fingerprint != "" && att.Fingerprint != want: // "": rebuilt, the original is unknown
-			return rejectf(codes.AlreadyExists, "volume %s is published to node %s with another capability or read-only flag", v.ID, a.Node)
+			return rejectf(Exists, "volume %s is published to node %s with another capability or read-only flag", v.ID, a.Node)
 		}
 		return doneWith(v)
 	}
 	if active != nil {
 		if active.Event == fsm.Expand {
-			return decision{kind: waitThenReplan, seq: active.Seq,
-				why: fmt.Sprintf("volume %s is being resized (operation %d); it is attached once the resize has finished; retry", v.ID, active.Seq)}, nil
+			return heldPublish(v, active), nil
 		}
 		return inFlight(active, fsm.ControllerPublish, fp)
 	}
 	if _, err := fsm.Next(v.State, fsm.ControllerPublish, fsm.NoGuard); err != nil {
-		return rejectf(codes.FailedPrecondition, "volume %s is %s; it cannot be published now", v.ID, v.State)
+		return rejectf(Conflict, "volume %s is %s; it cannot be published now", v.ID, v.State)
 	}
-	if d, bad := accessMismatch(v, a.Capability.AccessType, codes.InvalidArgument); bad {
+	if d, bad := accessMismatch(v, a.Capability.AccessType, Invalid); bad {
 		return d, nil
 	}
-	r, err := p.tx.Resize(v.ID)
-	if err != nil {
-		return decision{}, err
-	}
-	if r != nil {
-		// A resize is due on this detached volume and nothing runs it:
-		// start it now, and attach after it.
-		return p.startResize(v, r)
+	// A resize queued on this detached volume runs first; the publish
+	// attaches after it.
+	if d, queued, err := (deferredResize{tx: p.tx, now: p.now}).beforePublish(v); queued || err != nil {
+		return d, err
 	}
 	return p.acceptStep(v, fsm.ControllerPublish, fsm.NoGuard, raw, fp)
 }
@@ -320,7 +318,7 @@ func (p *planner) planControllerUnpublish(req Request, v *store.Volume, active *
 		return inFlight(active, fsm.ControllerUnpublish, fp)
 	}
 	if _, err := fsm.Next(v.State, fsm.ControllerUnpublish, fsm.NoGuard); err != nil {
-		return rejectf(codes.FailedPrecondition, "volume %s is still %s on node %s; unpublish and unstage it on the node first",
+		return rejectf(Conflict, "volume %s is still %s on node %s; unpublish and unstage it on the node first",
 			v.ID, v.State, v.Node())
 	}
 	return p.acceptStep(v, fsm.ControllerUnpublish, fsm.NoGuard, raw, fp)
@@ -329,15 +327,15 @@ func (p *planner) planControllerUnpublish(req Request, v *store.Volume, active *
 func (p *planner) planNodeStage(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
 	a := req.Args.(*NodeStageArgs)
 	if v == nil {
-		return rejectf(codes.NotFound, "volume %s does not exist on this node", req.VolumeID)
+		return rejectf(NotFound, "volume %s does not exist on this node", req.VolumeID)
 	}
 	want := capFingerprint(a.Capability)
 	if st := v.Stage; st != nil && !undoing(active, fsm.NodeStage) {
 		switch {
 		case st.Path != "" && st.Path != a.StagingPath:
-			return rejectf(codes.FailedPrecondition, "volume %s is staged at %s, not at %s", v.ID, st.Path, a.StagingPath)
+			return rejectf(Conflict, "volume %s is staged at %s, not at %s", v.ID, st.Path, a.StagingPath)
 		case st.Fingerprint != "" && st.Fingerprint != want:
-			return rejectf(codes.AlreadyExists, "volume %s is staged at %s with another capability", v.ID, st.Path)
+			return rejectf(Exists, "volume %s is staged at %s with another capability", v.ID, st.Path)
 		}
 		return doneWith(v)
 	}
@@ -345,13 +343,13 @@ func (p *planner) planNodeStage(req Request, v *store.Volume, active *store.Op, 
 		return inFlight(active, fsm.NodeStage, fp)
 	}
 	if p.nodeID != "" && v.Node() != "" && v.Node() != p.nodeID {
-		return rejectf(codes.FailedPrecondition, "volume %s is published to node %s, not to this node (%s)", v.ID, v.Node(), p.nodeID)
+		return rejectf(Conflict, "volume %s is published to node %s, not to this node (%s)", v.ID, v.Node(), p.nodeID)
 	}
-	if d, bad := accessMismatch(v, a.Capability.AccessType, codes.FailedPrecondition); bad {
+	if d, bad := accessMismatch(v, a.Capability.AccessType, Conflict); bad {
 		return d, nil
 	}
 	if _, err := fsm.Next(v.State, fsm.NodeStage, fsm.NoGuard); err != nil {
-		return rejectf(codes.FailedPrecondition, "volume %s is %s: ControllerPublishVolume must succeed before NodeStageVolume", v.ID, v.State)
+		return rejectf(Conflict, "volume %s is %s: ControllerPublishVolume must succeed before NodeStageVolume", v.ID, v.State)
 	}
 	return p.acceptStep(v, fsm.NodeStage, fsm.NoGuard, raw, fp)
 }
@@ -377,7 +375,7 @@ func (p *planner) planNodeUnstage(req Request, v *store.Volume, active *store.Op
 		return inFlight(active, fsm.NodeUnstage, fp)
 	}
 	if _, err := fsm.Next(v.State, fsm.NodeUnstage, fsm.NoGuard); err != nil {
-		return rejectf(codes.FailedPrecondition, "volume %s is still published at %d target(s); NodeUnpublishVolume them first",
+		return rejectf(Conflict, "volume %s is still published at %d target(s); NodeUnpublishVolume them first",
 			v.ID, len(v.Targets))
 	}
 	return p.acceptStep(v, fsm.NodeUnstage, fsm.NoGuard, raw, fp)
@@ -386,12 +384,12 @@ func (p *planner) planNodeUnstage(req Request, v *store.Volume, active *store.Op
 func (p *planner) planNodePublish(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
 	a := req.Args.(*NodePublishArgs)
 	if v == nil {
-		return rejectf(codes.NotFound, "volume %s does not exist on this node", req.VolumeID)
+		return rejectf(NotFound, "volume %s does not exist on this node", req.VolumeID)
 	}
 	want := capFingerprint(a.Capability, a.ReadOnly, a.StagingPath)
 	if t, ok := v.Targets[a.TargetPath]; ok && !undoingTarget(active, a.TargetPath) {
 		if t.Fingerprint != "" && t.Fingerprint != want {
-			return rejectf(codes.AlreadyExists, "volume %s is published at %s with another capability or read-only flag", v.ID, a.TargetPath)
+			return rejectf(Exists, "volume %s is published at %s with another capability or read-only flag", v.ID, a.TargetPath)
 		}
 		return doneWith(v)
 	}
@@ -399,13 +397,13 @@ func (p *planner) planNodePublish(req Request, v *store.Volume, active *store.Op
 		return inFlight(active, fsm.NodePublish, fp)
 	}
 	if !fsm.Legal(v.State, fsm.NodePublish) {
-		return rejectf(codes.FailedPrecondition, "volume %s is %s: NodeStageVolume must succeed before NodePublishVolume", v.ID, v.State)
+		return rejectf(Conflict, "volume %s is %s: NodeStageVolume must succeed before NodePublishVolume", v.ID, v.State)
 	}
-	if d, bad := accessMismatch(v, a.Capability.AccessType, codes.FailedPrecondition); bad {
+	if d, bad := accessMismatch(v, a.Capability.AccessType, Conflict); bad {
 		return d, nil
 	}
 	if v.Stage != nil && v.Stage.Path != "" && v.Stage.Path != a.StagingPath {
-		return rejectf(codes.FailedPrecondition, "volume %s is staged at %s, not at %s", v.ID, v.Stage.Path, a.StagingPath)
+		return rejectf(Conflict, "volume %s is staged at %s, not at %s", v.ID, v.Stage.Path, a.StagingPath)
 	}
 	return p.acceptStep(v, fsm.NodePublish, fsm.NoGuard, raw, fp)
 }
@@ -440,7 +438,7 @@ func (p *planner) planNodeUnpublish(req Request, v *store.Volume, active *store.
 func (p *planner) planNodeExpand(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
 	a := req.Args.(*NodeExpandArgs)
 	if v == nil {
-		return rejectf(codes.NotFound, "volume %s does not exist on this node", req.VolumeID)
+		return rejectf(NotFound, "volume %s does not exist on this node", req.VolumeID)
 	}
 	if active != nil {
 		return inFlight(active, fsm.NodeExpand, fp)
@@ -448,7 +446,7 @@ func (p *planner) planNodeExpand(req Request, v *store.Volume, active *store.Op,
 	_, published := v.Targets[a.VolumePath]
 	staged := v.Stage != nil && v.Stage.Path == a.VolumePath
 	if !fsm.Legal(v.State, fsm.NodeExpand) || (!published && !staged && v.Capability.AccessType != "block") {
-		return rejectf(codes.NotFound, "volume %s is not staged or published at %s", v.ID, a.VolumePath)
+		return rejectf(NotFound, "volume %s is not staged or published at %s", v.ID, a.VolumePath)
 	}
 	if v.Capability.AccessType == "block" {
 		return doneWith(v) // a raw block volume has no filesystem to grow
@@ -456,89 +454,21 @@ func (p *planner) planNodeExpand(req Request, v *store.Volume, active *store.Op,
 	return p.acceptStep(v, fsm.NodeExpand, fsm.NoGuard, raw, fp)
 }
 
-// planExpand implements the deferred offline resize. An expand of a
-// detached, idle volume runs now; of an attached (or busy) volume it is
-// recorded in the resize queue, merged with what is queued, and answered
-// with FailedPrecondition until the volume has been unpublished.
+// planExpand plans a ControllerExpandVolume: the checks every expand gets,
+// then the deferred resize queue's rules (resize.go).
 func (p *planner) planExpand(req Request, v *store.Volume, active *store.Op, raw []byte, fp string) (decision, error) {
 	a := req.Args.(*ExpandArgs)
 	if v == nil {
-		return rejectf(codes.NotFound, "volume %s does not exist", req.VolumeID)
+		return rejectf(NotFound, "volume %s does not exist", req.VolumeID)
 	}
-	if d, bad := accessMismatch(v, a.AccessType, codes.InvalidArgument); bad {
+	if d, bad := accessMismatch(v, a.AccessType, Invalid); bad {
 		return d, nil
 	}
 	if a.LimitBytes > 0 && v.CapacityBytes > a.LimitBytes {
-		return rejectf(codes.OutOfRange, "volume %s has %d bytes; it cannot shrink to the %d bytes limit", v.ID, v.CapacityBytes, a.LimitBytes)
+		return rejectf(OutOfRange, "volume %s has %d bytes; it cannot shrink to the %d bytes limit", v.ID, v.CapacityBytes, a.LimitBytes)
 	}
 	if a.RequiredBytes <= v.CapacityBytes {
 		return doneWith(v)
 	}
-	r, err := p.tx.Resize(v.ID)
-	if err != nil {
-		return decision{}, err
-	}
-	merged := mergeResize(r, v.ID, a.RequiredBytes, p.now)
-	raised := r == nil || merged.TargetBytes > r.TargetBytes
-
-	if active != nil && active.Event == fsm.Expand {
-		// A resize is running. Ours joins it, or raises the target of the
-		// one that runs next; either way wait and look again.
-		d := decision{kind: waitThenReplan, seq: active.Seq,
-			why: fmt.Sprintf("volume %s is being resized (operation %d); retry", v.ID, active.Seq)}
-		if raised {
-			merged.Status = store.ResizeRunning
-			d.resize = merged
-		}
-		return d, nil
-	}
-	step, err := fsm.Next(v.State, fsm.Expand, fsm.NoGuard)
-	if err != nil {
-		return rejectf(codes.FailedPrecondition, "volume %s is %s; it cannot be expanded now", v.ID, v.State)
-	}
-	if step.Deferred() || active != nil {
-		busy := fmt.Sprintf("is in use (%s on node %s)", v.State, v.Node())
-		if active != nil {
-			busy = fmt.Sprintf("has operation %d (%s) in progress", active.Seq, active.Event)
-		}
-		d := decision{kind: reject, err: Errorf(codes.FailedPrecondition,
-			"volume %s %s and this driver expands only detached volumes: a resize to %d bytes is queued "+
-				"and runs as soon as the volume is unpublished (ControllerUnpublishVolume)",
-			v.ID, busy, merged.TargetBytes)}
-		if raised {
-			merged.Status = store.ResizeQueued
-			d.resize = merged
-			d.note = &store.HistoryEntry{Time: p.now, Event: fsm.Expand, Guard: fsm.Deferred, From: v.State, To: v.State,
-				Generation: v.Generation, Outcome: fmt.Sprintf("queued resize to %d bytes", merged.TargetBytes)}
-		}
-		return d, nil
-	}
-	return p.startResize(v, merged)
-}
-
-// startResize accepts an expand op for a detached, idle volume with resize
-// entry r (which it marks running).
-func (p *planner) startResize(v *store.Volume, r *store.Resize) (decision, error) {
-	args := &ExpandArgs{RequiredBytes: r.TargetBytes}
-	raw, fp := encodeArgs(args)
-	d, err := p.acceptStep(v, fsm.Expand, fsm.NoGuard, raw, fp)
-	if err != nil {
-		return d, err
-	}
-	rr := *r
-	rr.Status, rr.UpdatedAt = store.ResizeRunning, p.now
-	d.resize = &rr
-	return d, nil
-}
-
-// mergeResize folds a requested size into the queue entry: the larger wins.
-func mergeResize(r *store.Resize, id string, size int64, now time.Time) *store.Resize {
-	if r == nil {
-		return &store.Resize{VolumeID: id, TargetBytes: size, Status: store.ResizeQueued, QueuedAt: now, UpdatedAt: now}
-	}
-	m := *r
-	if size > m.TargetBytes {
-		m.TargetBytes, m.UpdatedAt = size, now
-	}
-	return &m
+	return deferredResize{tx: p.tx, now: p.now}.request(v, a, active)
 }

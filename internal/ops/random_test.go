@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
 	"google.golang.org/grpc/codes"
@@ -53,7 +52,7 @@ func TestRandomizedLifecycles(t *testing.T) {
 	h.ex.fail = func(x *Exec) error {
 		if x.Op.Attempts == 0 && (x.Op.Seq*2654435761)%8 == 0 {
 			injected.Add(1)
-			return cloud.ErrTransient
+			return errTransient
 		}
 		return nil
 	}

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/csid-dev/csid/internal/view"
@@ -132,10 +131,10 @@ func TestUnpublishCommitStartsTheResizeAndPublishWaitsForIt(t *testing.T) {
 		t.Fatalf("held publish should name the resize: %v", err)
 	}
 	// A publish without deadline waits, then attaches.
-	h.eng.awaiting = make(chan uint64, 1)
 	pub := make(chan Outcome, 1)
+	h.drainWaits()
 	go func() { pub <- h.must(publishReq(id, "node-1")) }()
-	<-h.eng.awaiting
+	<-h.waits
 	releaseResize()
 	out := <-pub
 	if out.Volume.State != fsm.NodeReady || out.Volume.CapacityBytes != 2*gib || h.resize(id) != nil {
@@ -172,7 +171,7 @@ func TestFailedResizeStaysVisibleAndBlocksUntilItSucceeds(t *testing.T) {
 	broken := true
 	h.ex.fail = func(x *Exec) error {
 		if x.Op.Event == fsm.Expand && broken {
-			return cloud.ErrTransient
+			return errTransient
 		}
 		return nil
 	}
@@ -204,7 +203,7 @@ func TestPermanentResizeFailureIsDroppedAndReported(t *testing.T) {
 	unwind(t, h, id)
 	h.ex.fail = func(x *Exec) error {
 		if x.Op.Event == fsm.Expand {
-			return errors.Join(errors.New("size exceeds the disk type's maximum"), cloud.ErrInvalid)
+			return Mark(errors.New("size exceeds the disk type's maximum"), Invalid)
 		}
 		return nil
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/rs/zerolog"
-	"google.golang.org/grpc/codes"
 )
 
 // Exec is what an executor gets: the op (read-only), the volume as it was
@@ -31,6 +30,8 @@ type Exec struct {
 // Checkpoint durably records progress of the op (for example the id of a
 // cloud operation about to be waited on, or "formatting started"), so that
 // an execution resumed after a crash can tell where the last one got to.
+// An error (the state file cannot be written) is transient: return it, and
+// the attempt is retried.
 func (x *Exec) Checkpoint(key, value string) error {
 	cp := maps.Clone(x.Op.Checkpoints)
 	if cp == nil {
@@ -53,7 +54,9 @@ func (x *Exec) Checkpointed(key string) (string, bool) {
 }
 
 // run is the worker of one op: it executes the op (retrying transient
-// failures), compensates a failed forward op, and commits the outcome.
+// failures, each attempt within the event's deadline), compensates a failed
+// forward op, and commits the outcome. It leaves the op active in the store
+// only when csid shuts down: every other path ends in a committed outcome.
 func (e *Engine) run(f *flight) {
 	defer e.workers.Done()
 	op := f.op
@@ -62,46 +65,29 @@ func (e *Engine) run(f *flight) {
 	exec := e.cfg.Executors[op.Event]
 
 	if exec == nil {
-		e.fail(f, x, nil, Errorf(codes.Unimplemented, "no executor for %s in this mode", op.Event), false, log)
+		e.fail(f, x, nil, Errorf(Unsupported, "no executor for %s in this mode", op.Event), false, log)
 		return
 	}
 	if op.Status == store.OpCompensating {
-		e.fail(f, x, exec, &Error{Code: codeFromName(op.Code), Msg: op.Message}, false, log)
+		e.fail(f, x, exec, &Error{Kind: kindOfCode(op.Code), Msg: op.Message}, false, log)
 		return
 	}
 	for {
-		// A slot bounds the effects running at once; it is held for the
-		// effect only, not through backoff or the commit.
-		select {
-		case e.sem <- struct{}{}:
-		case <-f.ctx.Done():
+		res, err, ok := e.attempt(f, x, exec)
+		if !ok {
 			e.interrupted(f, x, exec, log)
 			return
-		case <-e.draining:
-			e.abandon(f, log)
-			return
 		}
-		crash.Point(crash.OpsBeforeEffect)
-		res, err := exec.Execute(f.ctx, x)
-		<-e.sem
 		if err == nil {
 			crash.Point(crash.OpsBeforeCommit)
 			e.succeed(f, res, log)
 			return
 		}
-		if f.ctx.Err() != nil {
-			e.interrupted(f, x, exec, log)
-			return
-		}
-		code, transient := classify(err)
-		if transient && op.Attempts+1 < e.cfg.Retry.MaxAttempts {
+		kind := KindOf(err)
+		if kind == Transient && op.Attempts+1 < e.cfg.Retry.MaxAttempts {
 			delay := e.cfg.Retry.Delay(op.Attempts + 1)
-			log.Warn().Err(err).Int("attempt", op.Attempts+1).Dur("retry_in", delay).Msg("op failed; retrying")
-			if err := e.recordAttempt(f, err, delay); err != nil {
-				log.Error().Err(err).Msg("cannot record the attempt; leaving the op to the next start")
-				e.abandon(f, log)
-				return
-			}
+			log.Warn().Err(err).Int("attempt", op.Attempts+1).Float64("retry_in_seconds", delay.Seconds()).Msg("op failed; retrying")
+			e.recordAttempt(f, err, delay, log)
 			select {
 			case <-e.cfg.Clock.After(delay):
 				continue
@@ -113,39 +99,69 @@ func (e *Engine) run(f *flight) {
 				return
 			}
 		}
-		oe := asError(err)
-		oe = &Error{Code: code, Msg: oe.Msg}
-		if transient {
+		oe := &Error{Kind: kind, Msg: err.Error()}
+		if kind == Transient {
 			oe.Msg = fmt.Sprintf("%s (gave up after %d attempts)", oe.Msg, op.Attempts+1)
 		}
-		e.fail(f, x, exec, oe, transient, log)
+		e.fail(f, x, exec, oe, kind == Transient, log)
 		return
 	}
 }
+
+// attempt runs the executor once, holding a worker slot and within the
+// event's deadline. ok is false when the op's own context ended (shutdown
+// or a negation) before or during the attempt. An attempt that outlives
+// its deadline is a transient error that names the deadline; the executor's
+// error says what it was waiting on.
+func (e *Engine) attempt(f *flight, x *Exec, exec Executor) (res Result, err error, ok bool) {
+	select {
+	case e.sem <- struct{}{}:
+	case <-f.ctx.Done():
+		return Result{}, nil, false
+	case <-e.draining:
+		return Result{}, nil, false
+	}
+	defer func() { <-e.sem }()
+	crash.Point(crash.OpsBeforeEffect)
+	limit := e.cfg.Deadlines.of(f.event)
+	ctx, cancel := context.WithTimeoutCause(f.ctx, limit, errDeadline)
+	defer cancel()
+	res, err = exec.Execute(ctx, x)
+	if f.ctx.Err() != nil {
+		return Result{}, nil, false
+	}
+	if err != nil && errors.Is(context.Cause(ctx), errDeadline) {
+		err = Mark(fmt.Errorf("%s did not finish within its deadline of %v: %w", f.event, limit, err), Transient)
+	}
+	return res, err, true
+}
+
+// errDeadline is the cause of an attempt's context that ran out of time.
+var errDeadline = errors.New("op deadline")
 
 // interrupted handles a worker whose context ended: by Close (the op stays
 // queued for the next start) or by a negation (the op fails, compensated).
 func (e *Engine) interrupted(f *flight, x *Exec, exec Executor, log zerolog.Logger) {
 	cause := context.Cause(f.ctx)
-	if errors.Is(cause, errShutdown) {
+	if errors.Is(cause, errShutdown) || cause == nil {
 		e.abandon(f, log)
 		return
 	}
-	e.fail(f, x, exec, Errorf(codes.Aborted, "%s of volume %s (operation %d) was %v", f.event, f.volumeID, f.seq, cause), false, log)
+	e.fail(f, x, exec, Errorf(Busy, "%s of volume %s (operation %d) was %v", f.event, f.volumeID, f.seq, cause), false, log)
 }
 
 // abandon leaves the op active in the store (it resumes at the next start)
-// and releases whoever waits on it.
+// and releases whoever waits on it. Only shutdown abandons an op.
 func (e *Engine) abandon(f *flight, log zerolog.Logger) {
 	log.Info().Msg("op left for the next start")
-	e.mu.Lock()
-	delete(e.flights, f.seq)
-	e.mu.Unlock()
-	f.err = ErrClosed
-	close(f.done)
+	e.release(f, store.Volume{}, ErrClosed)
 }
 
-func (e *Engine) recordAttempt(f *flight, cause error, delay time.Duration) error {
+// recordAttempt records a failed attempt on the op (and its queued
+// resize), for inspection and for the attempt count after a restart. It
+// is best effort: when the state file cannot be written, the count goes
+// on in memory and the retry is not held back.
+func (e *Engine) recordAttempt(f *flight, cause error, delay time.Duration, log zerolog.Logger) {
 	now := e.cfg.Clock.Now()
 	o := *f.op
 	o.Attempts++
@@ -155,19 +171,10 @@ func (e *Engine) recordAttempt(f *flight, cause error, delay time.Duration) erro
 		if err := tx.UpdateOp(&o); err != nil {
 			return err
 		}
-		if o.Event != fsm.Expand {
-			return nil
-		}
-		r, err := tx.Resize(o.VolumeID)
-		if err != nil || r == nil {
-			return err
-		}
-		r.Attempts++
-		r.LastError, r.UpdatedAt, r.NextAttemptAt = o.LastError, now, o.NextAttemptAt
-		return tx.PutResize(r)
+		return deferredResize{tx: tx, now: now}.attempted(&o, o.NextAttemptAt)
 	})
 	if err != nil {
-		return err
+		log.Warn().Err(err).Msg("cannot record the attempt; counting it in memory")
 	}
 	*f.op = o
 	msg := fmt.Sprintf("attempt %d failed: %s", o.Attempts, o.LastError)
@@ -175,7 +182,6 @@ func (e *Engine) recordAttempt(f *flight, cause error, delay time.Duration) erro
 	if e.cfg.Observer != nil {
 		e.cfg.Observer.OpRetried(o.Event)
 	}
-	return nil
 }
 
 // fail compensates a forward op (if exec is set and the event has an
@@ -186,93 +192,83 @@ func (e *Engine) fail(f *flight, x *Exec, exec Executor, oe *Error, transient bo
 	if _, forward := fsm.Inverse(op.Event); forward && exec != nil {
 		if op.Status != store.OpCompensating {
 			o := *op
-			o.Status, o.Code, o.Message = store.OpCompensating, oe.Code.String(), oe.Msg
-			if err := e.st.Update(func(tx *store.Tx) error { return tx.UpdateOp(&o) }); err != nil {
-				log.Error().Err(err).Msg("cannot record compensation; leaving the op to the next start")
-				e.abandon(f, log)
+			o.Status, o.Code, o.Message = store.OpCompensating, oe.Kind.Code().String(), oe.Msg
+			if !e.commit(f, "record the compensation", func(tx *store.Tx) error { return tx.UpdateOp(&o) }, log) {
 				return
 			}
 			*op = o
 		}
 		log.Warn().Str("reason", oe.Msg).Msg("op failed; compensating")
-		ctx := e.base // a negation cancelled f.ctx; compensation must still run
-		for attempt := 1; ; attempt++ {
-			select {
-			case e.sem <- struct{}{}:
-			case <-e.draining:
-				e.abandon(f, log)
-				return
-			}
-			err := exec.Compensate(ctx, x)
-			<-e.sem
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				e.abandon(f, log) // shutdown: compensation resumes at the next start
-				return
-			}
-			if _, tr := classify(err); tr && attempt < e.cfg.Retry.MaxAttempts {
-				select {
-				case <-e.cfg.Clock.After(e.cfg.Retry.Delay(attempt)):
-					continue
-				case <-e.draining:
-					e.abandon(f, log)
-					return
-				}
-			}
+		if err, ok := e.compensate(f, x, exec); !ok {
+			e.abandon(f, log) // shutdown: compensation resumes at the next start
+			return
+		} else if err != nil {
 			log.Error().Err(err).Msg("compensation failed: effects of the op may remain (csid check reports them)")
-			oe = &Error{Code: oe.Code, Msg: fmt.Sprintf("%s; undoing its partial effects also failed: %v", oe.Msg, err)}
-			break
+			oe = &Error{Kind: oe.Kind, Msg: fmt.Sprintf("%s; undoing its partial effects also failed: %v", oe.Msg, err)}
 		}
 	}
 	now := e.cfg.Clock.Now()
-	err := e.st.Update(func(tx *store.Tx) error {
+	var out store.Volume
+	var next *store.Op
+	ok := e.commit(f, "commit the failure", func(tx *store.Tx) error {
+		next = nil
 		v, err := e.activeVolume(tx, op)
 		if err != nil {
 			return err
 		}
 		o := *op
-		o.Status, o.Code, o.Message, o.FinishedAt = store.OpFailed, oe.Code.String(), oe.Msg, now
+		o.Status, o.Code, o.Message, o.FinishedAt = store.OpFailed, oe.Kind.Code().String(), oe.Msg, now
 		if err := tx.Finish(v, &o); err != nil { // a failed create (ABSENT) leaves no record
 			return err
 		}
+		q := deferredResize{tx: tx, now: now}
 		if o.Event == fsm.Expand {
-			if err := e.settleFailedResize(tx, v, &o, transient, now); err != nil {
+			if err := q.failed(v, &o, transient, e.cfg.Retry.Cap); err != nil {
 				return err
 			}
 		}
-		out := *v
-		tx.OnCommit(func() { e.observe(op, "failed", now); e.deliver(f, out, oe) })
-		return nil
-	})
-	if err != nil {
-		log.Error().Err(err).Msg("cannot commit the failure; leaving the op to the next start")
-		e.abandon(f, log)
-		return
-	}
-	log.Warn().Str("code", oe.Code.String()).Str("reason", oe.Msg).Msg("op failed")
-}
-
-// settleFailedResize decides what becomes of a resize whose op failed: after
-// transient errors it stays queued and is tried again later; after a
-// permanent error it is dropped (the CO's next ControllerExpandVolume gets
-// the error).
-func (e *Engine) settleFailedResize(tx *store.Tx, v *store.Volume, op *store.Op, transient bool, now time.Time) error {
-	r, err := tx.Resize(v.ID)
-	if err != nil || r == nil {
-		return err
-	}
-	if !transient {
-		if err := tx.DeleteResize(v.ID); err != nil {
+		out = *v
+		if next, err = q.afterCommit(v, &o); err != nil {
 			return err
 		}
-		return tx.AddNote(v.ID, store.HistoryEntry{Time: now, Event: fsm.Expand, From: v.State, To: v.State,
-			OpSeq: op.Seq, Generation: v.Generation, Outcome: fmt.Sprintf("resize to %d bytes dropped: %s", r.TargetBytes, op.Message)})
+		e.onOutcome(tx, f, op, "failed", now, out, oe, next, v)
+		return nil
+	}, log)
+	if ok {
+		log.Warn().Str("code", oe.Kind.Code().String()).Str("reason", oe.Msg).Msg("op failed")
 	}
-	r.Status, r.LastError, r.UpdatedAt = store.ResizeQueued, op.Message, now
-	r.NextAttemptAt = now.Add(e.cfg.Retry.Cap)
-	return tx.PutResize(r)
+}
+
+// compensate runs the executor's Compensate until it succeeds, retrying
+// transient failures. ok is false when csid shuts down meanwhile.
+func (e *Engine) compensate(f *flight, x *Exec, exec Executor) (err error, ok bool) {
+	for attempt := 1; ; attempt++ {
+		select {
+		case e.sem <- struct{}{}:
+		case <-e.draining:
+			return nil, false
+		}
+		// A negation cancelled f.ctx; compensation must still run, within
+		// the event's deadline.
+		ctx, cancel := context.WithTimeout(e.base, e.cfg.Deadlines.of(f.event))
+		err = exec.Compensate(ctx, x)
+		cancel()
+		<-e.sem
+		if err == nil {
+			return nil, true
+		}
+		if e.base.Err() != nil {
+			return nil, false
+		}
+		if KindOf(err) != Transient || attempt >= e.cfg.Retry.MaxAttempts {
+			return err, true
+		}
+		select {
+		case <-e.cfg.Clock.After(e.cfg.Retry.Delay(attempt)):
+		case <-e.draining:
+			return nil, false
+		}
+	}
 }
 
 // succeed commits a successful op: the volume moves to the op's target
@@ -282,7 +278,9 @@ func (e *Engine) settleFailedResize(tx *store.Tx, v *store.Volume, op *store.Op,
 func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 	op := f.op
 	now := e.cfg.Clock.Now()
-	err := e.st.Update(func(tx *store.Tx) error {
+	var next *store.Op
+	ok := e.commit(f, "commit the outcome", func(tx *store.Tx) error {
+		next = nil
 		v, err := e.activeVolume(tx, op)
 		if err != nil {
 			return err
@@ -296,30 +294,65 @@ func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 		if err := tx.Finish(v, &o); err != nil {
 			return err
 		}
-		next, err := e.chainResize(tx, v, now)
-		if err != nil {
+		out := *v
+		if next, err = (deferredResize{tx: tx, now: now}).afterCommit(v, &o); err != nil {
 			return err
 		}
-		out := *v
-		var nextVol store.Volume
-		if next != nil {
-			nextVol = *v
-		}
-		tx.OnCommit(func() {
-			e.observe(op, "succeeded", now)
-			e.deliver(f, out, nil)
-			if next != nil {
-				e.launchAccepted(next, &nextVol)
-			}
-		})
+		e.onOutcome(tx, f, op, "succeeded", now, out, nil, next, v)
 		return nil
-	})
-	if err != nil {
-		log.Error().Err(err).Msg("cannot commit the outcome; leaving the op to the next start")
-		e.abandon(f, log)
-		return
+	}, log)
+	if ok {
+		log.Debug().Str("to", string(op.To)).Msg("op succeeded")
 	}
-	log.Debug().Str("to", string(op.To)).Msg("op succeeded")
+}
+
+// onOutcome registers what follows the commit of an op's outcome: the
+// metrics, the answer to its waiters and the launch of a resize the commit
+// accepted (next, on volume after).
+func (e *Engine) onOutcome(tx *store.Tx, f *flight, op *store.Op, outcome string, now time.Time,
+	out store.Volume, oe *Error, next *store.Op, after *store.Volume) {
+	var nextVol store.Volume
+	if next != nil {
+		nextVol = *after
+	}
+	tx.OnCommit(func() {
+		e.observe(op, outcome, now)
+		e.release(f, out, oe)
+		if next != nil {
+			e.launchAccepted(next, &nextVol)
+		}
+	})
+}
+
+// commit writes an op's progress or outcome with fn. When the state file
+// cannot take the write (full, immutable, an I/O error), the worker keeps
+// the op and its waiters, says so to whoever asks, waits for the store to
+// be healthy again and commits then: a failed commit never strands an op.
+// It returns false when csid shuts down first (the op is abandoned, to
+// resume at the next start) or fn fails for good (a bug or a damaged
+// record: the waiters get the error and the op stays in the store, for the
+// next request or start to pick up).
+func (e *Engine) commit(f *flight, what string, fn func(tx *store.Tx) error, log zerolog.Logger) bool {
+	for {
+		err := e.st.Update(fn)
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, store.ErrUnavailable) {
+			log.Error().Err(err).Msgf("cannot %s", what)
+			e.release(f, store.Volume{}, Errorf(Internal, "operation %d (%s of volume %s): cannot %s: %v", f.seq, f.event, f.volumeID, what, err))
+			return false
+		}
+		msg := fmt.Sprintf("waiting to %s: %v", what, err)
+		f.progress.Store(&msg)
+		log.Error().Err(err).Msgf("cannot %s; retrying once the state file takes writes", what)
+		select {
+		case <-e.st.Healthy():
+		case <-e.draining:
+			e.abandon(f, log)
+			return false
+		}
+	}
 }
 
 // observe reports a finished op to the Observer. It runs in the outcome's
@@ -329,42 +362,6 @@ func (e *Engine) observe(op *store.Op, outcome string, now time.Time) {
 	if e.cfg.Observer != nil {
 		e.cfg.Observer.OpFinished(op.Event, outcome, now.Sub(op.CreatedAt))
 	}
-}
-
-// chainResize runs in the commit of every op that succeeds, and in the
-// sweep: when the op leaves the volume detached and idle with a resize
-// queued, the resize's op is accepted in the same transaction (the moment
-// ControllerUnpublishVolume commits, the resize is runnable). A resize
-// reached by the op (an expand) is removed. A failed op leaves a queued
-// resize to the next publish or expand, which start it first, or to the
-// sweep.
-func (e *Engine) chainResize(tx *store.Tx, v *store.Volume, now time.Time) (*store.Op, error) {
-	if v.State == fsm.Absent {
-		return nil, nil
-	}
-	r, err := tx.Resize(v.ID)
-	if err != nil || r == nil {
-		return nil, err
-	}
-	if r.TargetBytes <= v.CapacityBytes {
-		return nil, tx.DeleteResize(v.ID)
-	}
-	if v.State != fsm.Created {
-		return nil, nil
-	}
-	p := planner{tx: tx, now: now}
-	d, err := p.startResize(v, r)
-	if err != nil {
-		return nil, err
-	}
-	if err := tx.PutResize(d.resize); err != nil {
-		return nil, err
-	}
-	if err := tx.Accept(d.vol, d.op); err != nil {
-		return nil, err
-	}
-	*v = *d.vol
-	return d.op, nil
 }
 
 // activeVolume loads the volume of an op being committed and checks that
@@ -384,9 +381,11 @@ func (e *Engine) activeVolume(tx *store.Tx, op *store.Op) (*store.Volume, error)
 	return v, nil
 }
 
-// deliver hands the outcome to everyone waiting. It runs in a commit hook,
-// so no later transaction can see the op active without its flight.
-func (e *Engine) deliver(f *flight, v store.Volume, err *Error) {
+// release ends a flight: it leaves the engine's map and everyone waiting
+// gets the outcome (err nil) or the error. For an outcome it runs in the
+// commit hook, so no later transaction can see the op finished while its
+// flight is still registered, nor active without one.
+func (e *Engine) release(f *flight, v store.Volume, err *Error) {
 	e.mu.Lock()
 	delete(e.flights, f.seq)
 	e.mu.Unlock()
@@ -474,22 +473,14 @@ func (e *Engine) sweepOnce() time.Time {
 	now := e.cfg.Clock.Now()
 	var due []string
 	var next time.Time
-	_ = e.st.View(func(tx *store.Tx) error {
-		return tx.ForEachResize(func(r *store.Resize) bool {
-			v, err := tx.Volume(r.VolumeID)
-			if err != nil || v == nil || v.State != fsm.Created || v.ActiveOp != 0 {
-				return true
-			}
-			if r.NextAttemptAt.After(now) {
-				if next.IsZero() || r.NextAttemptAt.Before(next) {
-					next = r.NextAttemptAt
-				}
-				return true
-			}
-			due = append(due, r.VolumeID)
-			return true
-		})
+	err := e.st.View(func(tx *store.Tx) error {
+		var err error
+		due, next, err = deferredResize{tx: tx, now: now}.due()
+		return err
 	})
+	if err != nil {
+		e.log.Error().Err(err).Msg("cannot read the resize queue")
+	}
 	for _, id := range due {
 		if err := e.startQueuedResize(id, now); err != nil {
 			e.log.Error().Err(err).Str("volume", id).Msg("cannot start queued resize")
@@ -504,7 +495,7 @@ func (e *Engine) startQueuedResize(id string, now time.Time) error {
 		if err != nil || v == nil || v.State != fsm.Created || v.ActiveOp != 0 {
 			return err
 		}
-		op, err := e.chainResize(tx, v, now)
+		op, err := deferredResize{tx: tx, now: now}.afterCommit(v, nil)
 		if err != nil || op == nil {
 			return err
 		}
@@ -512,14 +503,4 @@ func (e *Engine) startQueuedResize(id string, now time.Time) error {
 		tx.OnCommit(func() { e.launchAccepted(op, &vol) })
 		return nil
 	})
-}
-
-// codeFromName parses a stored gRPC code name.
-func codeFromName(name string) codes.Code {
-	for c := codes.OK; c <= codes.Unauthenticated; c++ {
-		if c.String() == name {
-			return c
-		}
-	}
-	return codes.Internal
 }
