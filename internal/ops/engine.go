@@ -128,8 +128,8 @@ type Config struct {
 	// Deadlines bound each attempt of an op, by event (DefaultDeadlines
 	// for the events it leaves out).
 	Deadlines Deadlines
-	Log          zerolog.Logger
-	Observer     Observer
+	Log       zerolog.Logger
+	Observer  Observer
 	// NewID draws volume ids (default "vol-" and 20 random hex digits).
 	NewID func() string
 }
