@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,6 +33,9 @@ type fakeExec struct {
 	entered chan string // receives "event volume" when a gated Execute starts
 	// fail, if set, may return an error for an execution.
 	fail func(x *Exec) error
+	// hang, if set, makes an execution it picks wait, like a cloud
+	// operation that never finishes, until its context ends.
+	hang func(x *Exec) bool
 
 	overlaps atomic.Int64
 }
@@ -83,12 +87,18 @@ func (x *fakeExec) Execute(ctx context.Context, ex *Exec) (Result, error) {
 		x.overlaps.Add(1)
 	}
 	gate := x.gates[ev]
+	hang := x.hang != nil && x.hang(ex)
 	x.mu.Unlock()
 	defer func() {
 		x.mu.Lock()
 		x.running[id]--
 		x.mu.Unlock()
 	}()
+	if hang {
+		x.entered <- string(ev) + " " + id
+		<-ctx.Done()
+		return Result{}, fmt.Errorf("waiting for the cloud operation op-%d: %w", ex.Op.Seq, ctx.Err())
+	}
 	if gate != nil {
 		x.entered <- string(ev) + " " + id
 		select {
