@@ -4,10 +4,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/version"
 	"github.com/spf13/cobra"
 )
@@ -15,6 +20,7 @@ import (
 func newServe() *cobra.Command {
 	var o app.Options
 	var mode, logFormat, logLevel, crashAt string
+	var deadlines map[string]string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the CSI driver",
@@ -43,6 +49,9 @@ one --mode node per node (see docs/deploy.md).`,
 					return err
 				}
 			}
+			if o.Deadlines, err = parseDeadlines(deadlines); err != nil {
+				return err
+			}
 			o.Mode, o.Log, o.Version = driver.Mode(mode), log, version.Version
 			if o.StateDir, err = filepath.Abs(o.StateDir); err != nil {
 				return err
@@ -69,9 +78,39 @@ one --mode node per node (see docs/deploy.md).`,
 	f.IntVar(&o.Workers, "workers", 64, "operations whose effects run at once")
 	f.StringVar(&o.MetricsAddress, "metrics-address", "", "serve /metrics, /readyz and /healthz on this address, e.g. :9090 (off when empty)")
 	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 0, "bound of each shutdown step (default 10s)")
+	f.StringToStringVar(&deadlines, "op-deadline", nil, "deadline of one attempt of an operation, by event, e.g. controller_publish=2m,node_stage=30m; "+
+		"an attempt past it is retried, and host tools are never killed for it (defaults: "+defaultDeadlines()+")")
 	f.StringVar(&logFormat, "log-format", "json", "log format: json or console")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&crashAt, "crash-at", "", "arm a crash point (drills): name or name:N")
 	_ = f.MarkHidden("crash-at")
 	return cmd
+}
+
+// parseDeadlines reads --op-deadline: event=duration pairs, events of the
+// lifecycle that ops run, durations positive.
+func parseDeadlines(flag map[string]string) (ops.Deadlines, error) {
+	out := ops.Deadlines{}
+	for k, v := range flag {
+		e := fsm.Event(k)
+		if !slices.Contains(fsm.OpEvents, e) {
+			return nil, fmt.Errorf("--op-deadline: %q is not an operation's event (%v)", k, fsm.OpEvents)
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("--op-deadline: %s=%q is not a positive duration", k, v)
+		}
+		out[e] = d
+	}
+	return out, nil
+}
+
+// defaultDeadlines lists the default deadlines, for the flag's help.
+func defaultDeadlines() string {
+	var parts []string
+	d := ops.DefaultDeadlines()
+	for _, e := range fsm.OpEvents {
+		parts = append(parts, fmt.Sprintf("%s=%v", e, d[e]))
+	}
+	return strings.Join(parts, ",")
 }

@@ -51,6 +51,9 @@ type Options struct {
 	Zone string
 	// Workers bounds the effects running at once.
 	Workers int
+	// Deadlines bound each attempt of an op, by event (the engine's
+	// defaults for the events left out).
+	Deadlines ops.Deadlines
 	// ShutdownTimeout bounds the graceful stop of gRPC, then of the
 	// workers (default 10s each).
 	ShutdownTimeout time.Duration
@@ -141,7 +144,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		nodeID, verify = o.NodeID, p.mounter.IsMounted
 	}
-	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Verify: verify, Workers: o.Workers,
+	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Verify: verify, Workers: o.Workers, Deadlines: o.Deadlines,
 		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger(), Observer: ob.opsObserver()})
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
