@@ -295,6 +295,8 @@ func (b controllerBackend) Capacity(ctx context.Context, zone string) (int64, er
 
 func (b controllerBackend) Zones() []string { return b.c.Zones() }
 
+func (b controllerBackend) MaxVolumeBytes() int64 { return b.c.MaxDiskBytes() }
+
 type nodeBackend struct {
 	cloud   cloud.Cloud
 	mounter mounter.Mounter

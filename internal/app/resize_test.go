@@ -171,6 +171,10 @@ func TestResizeSizeRulesOverCSI(t *testing.T) {
 	if r, err := expand(100*mib, 0); err != nil || r.CapacityBytes != 100*mib {
 		t.Fatalf("equal size: %+v, %v", r, err)
 	}
+	// Beyond what the backend holds: OutOfRange at once, nothing queued
+	// (the next expand names its own size, not this one).
+	_, err = expand(fake.MaxDiskBytes+mib, 0)
+	wantCode(t, err, codes.OutOfRange, "largest volume this backend holds")
 	_, err = expand(200*mib, 0)
 	wantCode(t, err, codes.FailedPrecondition, fmt.Sprint(200*mib))
 	_, err = expand(300*mib, 0)

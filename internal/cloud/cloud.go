@@ -173,6 +173,9 @@ type Cloud interface {
 	// Zones lists the provider's zones; a provider without topology returns
 	// nil.
 	Zones() []string
+	// MaxDiskBytes is the largest disk the provider makes or grows a disk
+	// to; a larger size is ErrInvalid.
+	MaxDiskBytes() int64
 }
 
 // Host is the node side of a provider: what a node plugin needs to use the

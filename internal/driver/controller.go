@@ -54,7 +54,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if len(req.GetMutableParameters()) > 0 {
 		return nil, invalid("csid has no mutable parameters")
 	}
-	size, required, limit, err := sizeFor(req.GetCapacityRange(), DefaultVolumeBytes)
+	size, required, limit, err := sizeFor(req.GetCapacityRange(), DefaultVolumeBytes, d.cfg.Controller.MaxVolumeBytes())
 	if err != nil {
 		return nil, err
 	}
@@ -299,7 +299,7 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 		return nil, status.Errorf(codes.Unavailable, "capacity of zone %q: %v", zone, err)
 	}
 	return &csi.GetCapacityResponse{AvailableCapacity: avail,
-		MaximumVolumeSize: wrapperspb.Int64(min(avail/MiB*MiB, MaxVolumeBytes)),
+		MaximumVolumeSize: wrapperspb.Int64(min(avail/MiB*MiB, d.cfg.Controller.MaxVolumeBytes())),
 		MinimumVolumeSize: wrapperspb.Int64(MiB)}, nil
 }
 
@@ -320,7 +320,7 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 			return nil, err
 		}
 	}
-	size, _, limit, err := sizeFor(req.GetCapacityRange(), 0)
+	size, _, limit, err := sizeFor(req.GetCapacityRange(), 0, d.cfg.Controller.MaxVolumeBytes())
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,10 @@ type ControllerBackend interface {
 	Capacity(ctx context.Context, zone string) (int64, error)
 	// Zones lists the backend's zones; nil when it has no topology.
 	Zones() []string
+	// MaxVolumeBytes is the largest volume the backend can hold: a larger
+	// size is OutOfRange, refused before anything is created, grown or
+	// queued.
+	MaxVolumeBytes() int64
 }
 
 // NodeInfo is what a node reports about itself.

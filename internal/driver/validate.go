@@ -26,8 +26,6 @@ const (
 	// DefaultVolumeBytes is the size of a volume created without a
 	// capacity range.
 	DefaultVolumeBytes = 1 << 30
-	// MaxVolumeBytes is the largest volume csid creates or grows to.
-	MaxVolumeBytes = int64(64) << 40
 	// MinXFSBytes is the smallest volume mkfs.xfs formats.
 	MinXFSBytes = int64(300) << 20
 )
@@ -205,7 +203,7 @@ func capabilities(vcs []*csi.VolumeCapability) (store.Capability, unsupported, e
 
 // sizeFor chooses the size of a new or grown volume: the required bytes
 // rounded up to MiB, within the limit.
-func sizeFor(cr *csi.CapacityRange, fallback int64) (size, required, limit int64, err error) {
+func sizeFor(cr *csi.CapacityRange, fallback, max int64) (size, required, limit int64, err error) {
 	required, limit = cr.GetRequiredBytes(), cr.GetLimitBytes()
 	if required < 0 || limit < 0 {
 		return 0, 0, 0, invalid("capacity_range must not be negative (required %d, limit %d)", required, limit)
@@ -227,8 +225,8 @@ func sizeFor(cr *csi.CapacityRange, fallback int64) (size, required, limit int64
 	switch {
 	case size < required || size <= 0:
 		return 0, 0, 0, status.Errorf(codes.OutOfRange, "csid sizes volumes in whole MiB; no such size lies in [%d, %d] bytes", required, limit)
-	case size > MaxVolumeBytes:
-		return 0, 0, 0, status.Errorf(codes.OutOfRange, "%d bytes is more than the largest volume csid makes (%d bytes)", size, MaxVolumeBytes)
+	case size > max:
+		return 0, 0, 0, status.Errorf(codes.OutOfRange, "%d bytes is more than the largest volume this backend holds (%d bytes)", size, max)
 	}
 	return size, required, limit, nil
 }

@@ -230,6 +230,7 @@ func testCreateInvalid(t *testing.T, h *harness) {
 		{Name: "pvc-1", SizeBytes: 0},
 		{Name: "pvc-1", SizeBytes: -1},
 		{Name: "pvc-1", SizeBytes: gib, Zone: "no-such-zone"},
+		{Name: "pvc-1", SizeBytes: h.c.MaxDiskBytes() + 1},
 	} {
 		op, err := h.c.CreateDisk(ctx(t), spec)
 		h.refused(fmt.Sprintf("create %+v", spec), op, err, cloud.ErrInvalid)
@@ -396,7 +397,7 @@ func testResizeOffline(t *testing.T, h *harness) {
 			t.Fatalf("resize to %d left %+v, want 2 GiB", size, got)
 		}
 	}
-	for _, size := range []int64{0, -gib} {
+	for _, size := range []int64{0, -gib, h.c.MaxDiskBytes() + 1} {
 		op, err := h.c.ResizeDisk(ctx(t), d.ID, size)
 		h.refused(fmt.Sprintf("resize to %d", size), op, err, cloud.ErrInvalid)
 	}

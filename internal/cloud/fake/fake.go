@@ -790,6 +790,9 @@ func (c *Cloud) Capacity(_ context.Context, zone string) (int64, error) {
 }
 
 // Zones lists the provider's zones, the default first.
+// MaxDiskBytes is the largest disk; see cloud.Cloud.
+func (c *Cloud) MaxDiskBytes() int64 { return MaxDiskBytes }
+
 func (c *Cloud) Zones() []string {
 	return slices.Clone(c.opts.Zones)
 }

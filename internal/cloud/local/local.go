@@ -667,6 +667,9 @@ func (c *Cloud) Capacity(ctx context.Context, zone string) (int64, error) {
 // Zones returns the machine's one zone.
 func (c *Cloud) Zones() []string { return []string{c.opts.Zone} }
 
+// MaxDiskBytes is the largest disk; see cloud.Cloud.
+func (c *Cloud) MaxDiskBytes() int64 { return MaxDiskBytes }
+
 // releaseDevices releases every loop device bound to the image of a disk on
 // this machine. The caller holds the lock. A device in use is an error
 // wrapping loopdev.ErrBusy and cloud.ErrAttached.
