@@ -70,7 +70,7 @@ func Handler(src view.Source, log zerolog.Logger) http.Handler {
 		}
 		start := time.Now()
 		mux.ServeHTTP(w, r)
-		h.log.Debug().Str("path", r.URL.RequestURI()).Dur("took", time.Since(start)).Msg("admin request")
+		h.log.Debug().Str("path", r.URL.RequestURI()).Float64("took_seconds", time.Since(start).Seconds()).Msg("admin request")
 	})
 }
 

@@ -212,7 +212,7 @@ func shutdown(log zerolog.Logger, srv *grpc.Server, eng *ops.Engine, timeout tim
 	select {
 	case <-done:
 	case <-time.After(timeout):
-		log.Warn().Dur("after", timeout).Msg("RPCs still running; stopping hard")
+		log.Warn().Float64("after_seconds", timeout.Seconds()).Msg("RPCs still running; stopping hard")
 		srv.Stop()
 		<-done
 	}

@@ -63,7 +63,7 @@ func Interceptor(log zerolog.Logger, obs RPCObserver) grpc.UnaryServerIntercepto
 			default:
 				ev = l.Info()
 			}
-			ev = ev.Dur("took", took).Str("code", code.String())
+			ev = ev.Float64("took_seconds", took.Seconds()).Str("code", code.String())
 			if err != nil {
 				ev = ev.Str("error", status.Convert(err).Message())
 			}

@@ -390,3 +390,27 @@ func TestNodeAdoptsAVolumeItHasNotSeen(t *testing.T) {
 	}
 	checkInvariants(t, h)
 }
+
+// TestDeleteDuringCreateIsAborted: a delete of a volume whose create is
+// still running is answered Aborted ("retry"), never "already gone": the
+// create may still make the disk, and the CO would lose track of it.
+func TestDeleteDuringCreateIsAborted(t *testing.T) {
+	h := newHarness(t)
+	release := h.ex.gate(fsm.Create)
+	done := make(chan Outcome, 1)
+	go func() { done <- h.must(createReq("pvc-a", gib)) }()
+	waitEntered(t, h.ex, "create ")
+	var id string
+	_ = h.st.View(func(tx *store.Tx) error { id = tx.VolumeIDByName("pvc-a"); return nil })
+	_, err := h.submit(deleteReq(id))
+	wantCode(t, err, codes.Aborted)
+	if !strings.Contains(err.Error(), "being created") {
+		t.Errorf("message: %v", err)
+	}
+	release()
+	if out := <-done; out.Volume.ID != id || out.Volume.State != fsm.Created {
+		t.Fatalf("create after the refused delete: %+v", out.Volume)
+	}
+	h.must(deleteReq(id))
+	checkInvariants(t, h)
+}

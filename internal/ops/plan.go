@@ -78,6 +78,11 @@ func (p *planner) plan(req Request) (decision, error) {
 		v = p.adopted
 	}
 	if v != nil && v.State == fsm.Absent && v.ActiveOp != 0 {
+		if req.Event == fsm.Delete {
+			// A delete does not cancel a create in flight, nor may it
+			// answer "gone": the create may still make the disk.
+			return rejectf(Busy, "volume %s is being created (operation %d); retry the delete once it has finished", v.ID, v.ActiveOp)
+		}
 		// Still being created: it does not exist yet for anyone but the
 		// create request itself.
 		v = nil

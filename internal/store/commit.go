@@ -42,8 +42,8 @@ type call struct {
 // another fn in its transaction fails, the others are run again without
 // it), so fn must touch nothing but tx and must reset any result it
 // publishes through its closure. Work to do after the commit goes into
-// tx.OnCommit hooks, which run in commit order before any later
-// transaction starts. An error from fn fails only its own call; so does a
+// tx.OnCommit hooks, which run in commit order before any later write
+// transaction starts (a View may see the commit before they have run). An error from fn fails only its own call; so does a
 // panic in fn, which Update returns as an error wrapping ErrPanic.
 //
 // A transaction that cannot be made durable (the file system is full, the

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // ErrUnavailable is wrapped by Health's answer and by the error of an Update
@@ -80,6 +78,10 @@ func (h *health) init() {
 func (s *Store) setFault(source string, err error) {
 	s.health.mu.Lock()
 	defer s.health.mu.Unlock()
+	s.setFaultLocked(source, err)
+}
+
+func (s *Store) setFaultLocked(source string, err error) {
 	if s.health.faults == nil {
 		s.health.faults = map[string]error{}
 	}
@@ -106,9 +108,9 @@ func (s *Store) clearFault(source string) {
 // a probe that commits a tiny write with backoff until one succeeds: then
 // the fault clears, whether or not anybody else writes meanwhile.
 func (s *Store) commitFailed(err error) {
-	s.setFault(faultCommit, err)
 	s.health.mu.Lock()
 	defer s.health.mu.Unlock()
+	s.setFaultLocked(faultCommit, err)
 	select {
 	case <-s.health.closed:
 		return
@@ -132,36 +134,41 @@ const (
 
 var keyProbe = []byte("probe")
 
-// probe commits a write to the meta bucket until one succeeds or the store
-// closes; each success clears the commit fault.
+// probe commits a write to the meta bucket until the commit fault is gone
+// (its own commit or another succeeded) or the store closes. It stops only
+// after seeing, under the lock, that no fault is left: a commit that fails
+// meanwhile finds it still probing, or starts a new probe.
 func (s *Store) probe() {
 	defer s.health.probes.Done()
-	defer func() {
-		s.health.mu.Lock()
-		s.health.probing = false
-		s.health.mu.Unlock()
-	}()
 	wait := probeFirst
 	for {
 		select {
 		case <-s.health.closed:
-			return
 		case <-time.After(wait):
+			// Through the committer, like every write: its hooks keep
+			// their order, and its success clears the fault.
+			err := s.Update(func(tx *Tx) error {
+				return tx.tx.Bucket(bucketMeta).Put(keyProbe, u64(uint64(time.Now().UnixNano())))
+			})
+			if err != nil && !errors.Is(err, ErrClosed) {
+				wait = min(2*wait, probeMax)
+				continue
+			}
 		}
 		s.health.mu.Lock()
 		_, faulty := s.health.faults[faultCommit]
-		s.health.mu.Unlock()
-		if !faulty {
-			return // a regular commit succeeded meanwhile
+		closed := false
+		select {
+		case <-s.health.closed:
+			closed = true
+		default:
 		}
-		err := s.db.Update(func(tx *bolt.Tx) error {
-			return tx.Bucket(bucketMeta).Put(keyProbe, u64(uint64(time.Now().UnixNano())))
-		})
-		if err == nil {
-			s.committed()
+		if !faulty || closed {
+			s.health.probing = false
+			s.health.mu.Unlock()
 			return
 		}
-		s.setFault(faultCommit, err)
-		wait = min(2*wait, probeMax)
+		s.health.mu.Unlock()
+		wait = probeFirst
 	}
 }

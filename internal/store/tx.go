@@ -29,8 +29,10 @@ type Tx struct {
 }
 
 // OnCommit registers fn to run after the transaction has committed. Hooks
-// run in commit order, on the committer, before any later transaction
-// begins; they must be quick and must not call Update.
+// run in commit order, on the committer, before any later write
+// transaction begins (a read transaction, View, may begin before they have
+// run and already see the commit); they must be quick and must not call
+// Update.
 func (t *Tx) OnCommit(fn func()) { t.tx.OnCommit(fn) }
 
 func u64(v uint64) []byte {
