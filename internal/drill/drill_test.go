@@ -2,6 +2,7 @@ package drill
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,15 +15,38 @@ import (
 	"github.com/csid-dev/csid/internal/testutil"
 )
 
-// buildCSID builds the csid binary (with extra build tags, if any) into dir.
-func buildCSID(t *testing.T, dir string, tags ...string) string {
+// buildCSID builds the csid binary into dir. replace, if set, swaps source
+// files for the build (go build -overlay): a path relative to the module
+// root, and the content to compile in its place. Production code carries
+// no test scaffolding; a planted bug is compiled in this way only.
+func buildCSID(t *testing.T, dir string, replace map[string]string) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
 	bin := filepath.Join(dir, "csid")
 	args := []string{"build", "-o", bin}
-	if len(tags) > 0 {
-		args = append(args, "-tags", strings.Join(tags, ","))
+	if len(replace) > 0 {
+		overlay := map[string]map[string]string{"Replace": {}}
+		for rel, content := range replace {
+			abs, err := filepath.Abs(filepath.Join(root, rel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			swapped := filepath.Join(dir, strings.ReplaceAll(rel, "/", "_"))
+			if err := os.WriteFile(swapped, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			overlay["Replace"][abs] = swapped
+		}
+		raw, err := json.Marshal(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "overlay.json")
+		if err := os.WriteFile(path, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "-overlay", path)
 	}
 	cmd := exec.Command("go", append(args, "./cmd/csid")...)
 	cmd.Dir = root
@@ -32,13 +56,42 @@ func buildCSID(t *testing.T, dir string, tags ...string) string {
 	return bin
 }
 
+// plantBug returns internal/effects/controller.go with its create executor
+// made non-idempotent: it neither records nor looks for a cloud operation,
+// and creates a disk under a fresh name on every run, so a crash after the
+// cloud created the disk leaks it. The test fails if the code it rewrites
+// has changed.
+func plantBug(t *testing.T) map[string]string {
+	t.Helper()
+	const rel = "internal/effects/controller.go"
+	_, file, _, _ := runtime.Caller(0)
+	raw, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const idempotent = `d, err := startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.CreateDisk(ctx, spec) })`
+	const planted = `spec.Name = fmt.Sprintf("%s-%d", spec.Name, time.Now().UnixNano())
+	op, err := e.c.CreateDisk(ctx, spec)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	d, err := e.c.WaitOperation(ctx, op.ID)`
+	src := string(raw)
+	if strings.Count(src, idempotent) != 1 || strings.Count(src, "\n\t\"fmt\"\n") != 1 {
+		t.Fatalf("%s no longer has the create call (or the import) the planted bug replaces", rel)
+	}
+	src = strings.Replace(src, idempotent, planted, 1)
+	src = strings.Replace(src, "\n\t\"fmt\"\n", "\n\t\"fmt\"\n\t\"time\"\n", 1)
+	return map[string]string{rel: src}
+}
+
 // TestDrill runs the full matrix against the real csid binary: every hit
 // of every crash point in every scenario. It must pass, and every crash
 // point must fire. CSID_DRILL_SCENARIOS limits the scenarios (comma list).
 func TestDrill(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := apptest.ShortTempDir(t)
-	cfg := Config{Binary: buildCSID(t, dir), Dir: dir}
+	cfg := Config{Binary: buildCSID(t, dir, nil), Dir: dir}
 	if s := os.Getenv("CSID_DRILL_SCENARIOS"); s != "" {
 		cfg.Scenarios = strings.Split(s, ",")
 	}
@@ -63,15 +116,15 @@ func TestDrill(t *testing.T) {
 	}
 }
 
-// TestDrillCatchesANonIdempotentExecutor builds csid with a planted bug (the
-// drillbug tag: the create executor ignores the cloud operation it recorded
+// TestDrillCatchesANonIdempotentExecutor builds csid with a planted bug
+// (plantBug: the create executor ignores the cloud operation it recorded
 // and creates a new disk every time it runs) and shows that the drill fails
 // on it: after the crash at cloud.after_create, the repeated create leaks a
 // disk.
 func TestDrillCatchesANonIdempotentExecutor(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := apptest.ShortTempDir(t)
-	rep, err := Run(context.Background(), Config{Binary: buildCSID(t, dir, "drillbug"), Dir: dir,
+	rep, err := Run(context.Background(), Config{Binary: buildCSID(t, dir, plantBug(t)), Dir: dir,
 		Scenarios: []string{"create"}, Points: []string{"cloud.after_create"}})
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +137,7 @@ func TestDrillCatchesANonIdempotentExecutor(t *testing.T) {
 	}
 	t.Logf("caught: %s", rep.Cells[0].Reason)
 	// The same drill passes on the real code.
-	rep, err = Run(context.Background(), Config{Binary: buildCSID(t, t.TempDir()), Dir: dir,
+	rep, err = Run(context.Background(), Config{Binary: buildCSID(t, t.TempDir(), nil), Dir: dir,
 		Scenarios: []string{"create"}, Points: []string{"cloud.after_create"}})
 	if err != nil || !rep.OK() {
 		t.Fatalf("the drill fails on the real code: %v %s", err, rep.Summary())

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/crash"
@@ -93,18 +92,8 @@ func (e createExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error
 	if err != nil {
 		return ops.Result{}, err
 	}
-	var d cloud.Disk
-	if plantedBug { // see planted.go: compiled out of every real build
-		spec.Name = fmt.Sprintf("%s-%d", spec.Name, time.Now().UnixNano())
-		op, err := e.c.CreateDisk(ctx, spec)
-		if err != nil {
-			return ops.Result{}, err
-		}
-		d, err = e.c.WaitOperation(ctx, op.ID)
-		if err != nil {
-			return ops.Result{}, err
-		}
-	} else if d, err = startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.CreateDisk(ctx, spec) }); err != nil {
+	d, err := startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.CreateDisk(ctx, spec) })
+	if err != nil {
 		return ops.Result{}, err
 	}
 	crash.Point(crash.CloudAfterCreate)

@@ -231,7 +231,7 @@ func (p *planner) planCreate(a *CreateArgs, raw []byte, fp string) (decision, er
 		id = p.newID()
 	}
 	v := &store.Volume{ID: id, Name: a.Name, State: fsm.Absent, Parameters: maps.Clone(a.Parameters),
-		Capability: a.Capability, CreateFingerprint: fp, CreatedAt: p.now, UpdatedAt: p.now}
+		Capability: a.Capability, CreatedAt: p.now, UpdatedAt: p.now}
 	return p.acceptStep(v, fsm.Create, fsm.NoGuard, raw, fp)
 }
 

@@ -52,12 +52,10 @@ type Volume struct {
 	Zone          string            `json:"zone,omitempty"`
 	Parameters    map[string]string `json:"parameters,omitempty"`
 	Capability    Capability        `json:"capability"`
-	// CreateFingerprint identifies the CreateVolume request that made it.
-	CreateFingerprint string            `json:"createFingerprint,omitempty"`
-	State             fsm.State         `json:"state"`
-	Attachment        *Attachment       `json:"attachment,omitempty"`
-	Stage             *Stage            `json:"stage,omitempty"`
-	Targets           map[string]Target `json:"targets,omitempty"`
+	State         fsm.State         `json:"state"`
+	Attachment    *Attachment       `json:"attachment,omitempty"`
+	Stage         *Stage            `json:"stage,omitempty"`
+	Targets       map[string]Target `json:"targets,omitempty"`
 	// ActiveOp is the sequence number of the op queued or running on the
 	// volume; 0 when none. At most one op is active per volume. It is kept
 	// in the small active bucket, not in the record, so that accepting an

@@ -127,8 +127,8 @@ func (f *fixture) transition(id string, e fsm.Event, g fsm.Guard, to fsm.State, 
 func (f *fixture) create(id, name, disk string, size int64, sec int) {
 	f.step("create "+id, func(tx *store.Tx) error {
 		v := &store.Volume{ID: id, Name: name, State: fsm.Absent, Capability: mountCap,
-			Parameters:        map[string]string{"csi.storage.k8s.io/pvc/name": name, "csi.storage.k8s.io/pvc/namespace": "default"},
-			CreateFingerprint: "fp-create", CreatedAt: at(sec), UpdatedAt: at(sec)}
+			Parameters: map[string]string{"csi.storage.k8s.io/pvc/name": name, "csi.storage.k8s.io/pvc/namespace": "default"},
+			CreatedAt:  at(sec), UpdatedAt: at(sec)}
 		args := map[string]any{"name": name, "sizeBytes": size, "capability": mountCap}
 		op := &store.Op{Event: fsm.Create, From: fsm.Absent, To: fsm.Created, Args: mustJSON(args), Fingerprint: "fp-create", CreatedAt: at(sec)}
 		if err := tx.Accept(v, op); err != nil {
@@ -206,7 +206,7 @@ func (f *fixture) retryAttach(id, node string, sec int) {
 
 func (f *fixture) startCreate(id, name string, sec int) {
 	f.step("start create "+id, func(tx *store.Tx) error {
-		v := &store.Volume{ID: id, Name: name, State: fsm.Absent, Capability: mountCap, CreateFingerprint: "fp-create",
+		v := &store.Volume{ID: id, Name: name, State: fsm.Absent, Capability: mountCap,
 			CreatedAt: at(sec), UpdatedAt: at(sec)}
 		op := &store.Op{Event: fsm.Create, From: fsm.Absent, To: fsm.Created,
 			Args: mustJSON(map[string]any{"name": name, "sizeBytes": gib, "capability": mountCap}), Fingerprint: "fp-create", CreatedAt: at(sec)}
