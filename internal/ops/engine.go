@@ -388,51 +388,12 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 		}
 		// No flight: the op may have just finished, or have been accepted
 		// by a commit whose hook has not launched it yet. The write path
-		// below looks again after every earlier commit's hooks have run.
+		// looks again after every earlier commit's hooks have run.
 	}
-	err = e.st.Update(func(tx *store.Tx) error {
+	if err = e.st.Update(func(tx *store.Tx) error {
 		d, f = decision{}, nil
-		var err error
-		p := planner{tx: tx, nodeID: e.cfg.NodeID, now: now, newID: e.cfg.NewID, adopted: adopted}
-		if d, err = p.plan(req); err != nil {
-			return err
-		}
-		if d.resize != nil {
-			if err := tx.PutResize(d.resize); err != nil {
-				return err
-			}
-		}
-		if d.note != nil {
-			if err := tx.AddNote(req.VolumeID, *d.note); err != nil {
-				return err
-			}
-		}
-		switch d.kind {
-		case accept:
-			if adopted != nil && d.vol.ID == adopted.ID {
-				if cur, err := tx.Volume(adopted.ID); err != nil {
-					return err
-				} else if cur == nil {
-					a := *adopted
-					if err := tx.Reconcile(&a, fsm.Adopt, fsm.NoGuard, "attached to this node", now); err != nil {
-						return err
-					}
-					d.vol.Generation = a.Generation
-				}
-			}
-			op, vol := d.op, d.vol
-			if err := tx.Accept(vol, op); err != nil {
-				return err
-			}
-			opCopy, volCopy := *op, *vol
-			tx.OnCommit(func() { f = e.launchAccepted(&opCopy, &volCopy) })
-		case join, waitThenReplan, cancelThenReplan:
-			seq := d.seq
-			tx.OnCommit(func() { f = e.flight(seq) })
-		}
-		return nil
-	})
-	if err != nil {
+		return e.carryOut(tx, req, adopted, now, &d, &f)
+	}); err != nil {
 		return d, nil, err
 	}
 	if f == nil && d.kind != done && d.kind != reject && d.kind != accept {
@@ -447,6 +408,60 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 		return d, nil, ErrClosed // accepted while Close ran: it resumes at the next start
 	}
 	return d, f, nil
+}
+
+// carryOut plans req again in the write transaction tx and writes what the
+// decision writes: a queue entry or note, an adopted record, the accepted
+// op. *f is set by the commit hook to the flight of the op accepted or met.
+func (e *Engine) carryOut(tx *store.Tx, req Request, adopted *store.Volume, now time.Time, d *decision, f **flight) error {
+	p := planner{tx: tx, nodeID: e.cfg.NodeID, now: now, newID: e.cfg.NewID, adopted: adopted}
+	var err error
+	if *d, err = p.plan(req); err != nil {
+		return err
+	}
+	if d.resize != nil {
+		if err := tx.PutResize(d.resize); err != nil {
+			return err
+		}
+	}
+	if d.note != nil {
+		if err := tx.AddNote(req.VolumeID, *d.note); err != nil {
+			return err
+		}
+	}
+	switch d.kind {
+	case accept:
+		if adopted != nil && d.vol.ID == adopted.ID {
+			if err := e.recordAdoption(tx, adopted, d.vol, now); err != nil {
+				return err
+			}
+		}
+		op, vol := d.op, d.vol
+		if err := tx.Accept(vol, op); err != nil {
+			return err
+		}
+		opCopy, volCopy := *op, *vol
+		tx.OnCommit(func() { *f = e.launchAccepted(&opCopy, &volCopy) })
+	case join, waitThenReplan, cancelThenReplan:
+		seq := d.seq
+		tx.OnCommit(func() { *f = e.flight(seq) })
+	}
+	return nil
+}
+
+// recordAdoption writes the record of a volume a node meets for the first
+// time (adopt: ABSENT -> NODE_READY), unless another request did so
+// meanwhile; vol, the record the op is accepted on, takes its generation.
+func (e *Engine) recordAdoption(tx *store.Tx, adopted, vol *store.Volume, now time.Time) error {
+	if cur, err := tx.Volume(adopted.ID); err != nil || cur != nil {
+		return err
+	}
+	a := *adopted
+	if err := tx.Reconcile(&a, fsm.Adopt, fsm.NoGuard, "attached to this node", now); err != nil {
+		return err
+	}
+	vol.Generation = a.Generation
+	return nil
 }
 
 // resume starts a worker for an op that is active in the store but has
