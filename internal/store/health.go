@@ -74,13 +74,8 @@ func (h *health) init() {
 	h.closed = make(chan struct{})
 }
 
-// setFault records a condition that keeps the store from taking writes.
-func (s *Store) setFault(source string, err error) {
-	s.health.mu.Lock()
-	defer s.health.mu.Unlock()
-	s.setFaultLocked(source, err)
-}
-
+// setFaultLocked records a condition that keeps the store from taking
+// writes; s.health.mu held.
 func (s *Store) setFaultLocked(source string, err error) {
 	if s.health.faults == nil {
 		s.health.faults = map[string]error{}
