@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // Environment variables read by ArmFromEnv.
@@ -45,6 +46,9 @@ const (
 	MounterAfterMount      = "mounter.after_mount"
 	ResizeAfterCloudResize = "resize.after_cloud_resize"
 	UnpublishAfterDetach   = "unpublish.after_detach"
+	MounterGrowRecorded    = "mounter.grow_recorded"
+	MounterResizeRunning   = "mounter.resize_running"
+	MounterAfterResize     = "mounter.after_resize"
 )
 
 // Points lists every crash point, with what a crash there means.
@@ -59,7 +63,15 @@ var Points = map[string]string{
 	MounterAfterMount:      "the staging mount exists; csid has not recorded it",
 	ResizeAfterCloudResize: "the cloud has grown the disk; csid has not recorded the size",
 	UnpublishAfterDetach:   "the cloud has detached the disk; csid still records it attached",
+	MounterGrowRecorded:    "an offline growth of a filesystem is recorded; e2fsck and resize2fs have not run",
+	MounterResizeRunning:   "resize2fs is growing a filesystem offline; csid's process group dies, resize2fs with it",
+	MounterAfterResize:     "resize2fs has grown the filesystem; its growth record is not yet cleared",
 }
+
+// GroupPoints are the points at which a crash kills csid's whole process
+// group, the host tools it runs included, as the death of a container
+// does. Armed, they need csid to lead its process group.
+var GroupPoints = map[string]bool{MounterResizeRunning: true}
 
 type arming struct {
 	name string
@@ -91,6 +103,9 @@ func Arm(spec, logPath string) error {
 	if _, ok := Points[name]; !ok {
 		return fmt.Errorf("unknown crash point %q", name)
 	}
+	if GroupPoints[name] && syscall.Getpgrp() != os.Getpid() {
+		return fmt.Errorf("crash point %q kills csid's process group, and csid does not lead its own: start it as a group leader (setsid), as a container does", name)
+	}
 	armed.Store(&arming{name: name, hit: hit, log: logPath})
 	return nil
 }
@@ -120,7 +135,70 @@ func ArmFromEnv() error {
 }
 
 // Point marks a crash point. Unarmed, it does nothing.
-func Point(name string) {
+func Point(name string) { point(name, false) }
+
+// WritesBeforeFiring is how many write system calls a host tool has made
+// when an armed PointWhileWriting fires: enough for resize2fs to have begun
+// rewriting a filesystem's metadata (its first writes only mark the
+// superblock), few enough that it has not finished growing the drill's
+// volumes (about 290 writes).
+const WritesBeforeFiring = 32
+
+// PointWhileWriting marks a point of GroupPoints reached while the host
+// tool with process id pid runs (csid's child, in its process group).
+// Armed, it fires once the tool has made WritesBeforeFiring write system
+// calls (it watches /proc/<pid>/io every 50 µs), killing the group,
+// the tool with it, in the middle of its work. Unarmed, it costs what Point
+// costs. Call stop when the tool has exited.
+func PointWhileWriting(name string, pid int) (stop func()) {
+	a := armed.Load()
+	if a == nil || a.count == nil && a.name != name {
+		return func() {}
+	}
+	if a.count != nil {
+		point(name, true) // a census counts the tool's run
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		// resize2fs grows a small filesystem in a few milliseconds, a
+		// few microseconds a write: look often.
+		tick := time.NewTicker(50 * time.Microsecond)
+		defer tick.Stop()
+		for {
+			if writeCalls(pid) >= WritesBeforeFiring {
+				point(name, true)
+				return
+			}
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// writeCalls is the number of write system calls process pid has made
+// (0 when unknown).
+func writeCalls(pid int) int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscw: "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// point fires name if it is armed: SIGKILL to this process, or to its
+// process group.
+func point(name string, group bool) {
 	a := armed.Load()
 	if a == nil {
 		return
@@ -144,6 +222,10 @@ func Point(name string) {
 			f.Close()
 		}
 	}
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	pid := os.Getpid()
+	if group {
+		pid = 0 // kill(2): every process in the caller's group
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
 	select {} // SIGKILL is not deliverable late; never return into the code after the point
 }

@@ -2,23 +2,45 @@ package crash
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestMain doubles as the process a point kills: with CSID_CRASH_TEST_HITS
-// set, it passes each named point that many times.
+// set, it passes each named point that many times; with
+// CSID_CRASH_TEST_TOOL set, it starts a host tool of its own, and a point of
+// GroupPoints is reached while that tool runs.
 func TestMain(m *testing.M) {
 	if hits := os.Getenv("CSID_CRASH_TEST_HITS"); hits != "" {
 		if err := ArmFromEnv(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			os.Exit(3)
 		}
+		var tool *exec.Cmd
+		if os.Getenv("CSID_CRASH_TEST_TOOL") != "" {
+			// A tool that writes (WritesBeforeFiring times and more),
+			// then works on: the test reads its output until the tool
+			// is gone too.
+			tool = exec.Command("sh", "-c", fmt.Sprintf("for i in $(seq %d); do echo $i; done; exec sleep 3600", 2*WritesBeforeFiring))
+			tool.Stdout = os.Stdout
+			if err := tool.Start(); err != nil {
+				os.Exit(4)
+			}
+		}
 		for _, name := range strings.Fields(hits) {
-			Point(name)
+			if GroupPoints[name] && tool != nil {
+				defer PointWhileWriting(name, tool.Process.Pid)()
+				_ = tool.Wait() // the point kills it
+			} else {
+				Point(name)
+			}
 		}
 		os.Exit(0)
 	}
@@ -59,6 +81,46 @@ func TestArmedPointKillsOnItsHitAndLogs(t *testing.T) {
 	}
 	if runHits(t, hits) {
 		t.Fatal("an unarmed point killed the process")
+	}
+}
+
+// A group point kills the process group once the host tool it watches has
+// begun to write, the tool included, as a container's death does; it can
+// only be armed in a process that leads its group.
+func TestGroupPointKillsTheToolsToo(t *testing.T) {
+	hits := OpsBeforeEffect + " " + MounterResizeRunning
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CSID_CRASH_TEST_HITS="+hits, "CSID_CRASH_TEST_TOOL=1", EnvAt+"="+MounterResizeRunning,
+		"GORACE=atexit_sleep_ms=0")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	gone := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, out); gone <- err }() // EOF once the child and its tool are dead
+	select {
+	case <-gone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the tool outlived the crash of its process group")
+	}
+	var ee *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the child was not SIGKILLed: %v (%s)", err, stderr.String())
+	}
+
+	// Not the leader of its group (it shares the test's): arming refuses.
+	cmd = exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CSID_CRASH_TEST_HITS="+hits, EnvAt+"="+MounterResizeRunning)
+	raw, err := cmd.CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 || !strings.Contains(string(raw), "process group") {
+		t.Fatalf("a group point armed outside a group leader: %v: %s", err, raw)
 	}
 }
 
