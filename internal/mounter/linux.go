@@ -1,14 +1,12 @@
 package mounter
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,7 +19,6 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
-	utilexec "k8s.io/utils/exec"
 )
 
 // Linux is the Mounter of the machine csid runs on; it needs root.
@@ -32,9 +29,10 @@ import (
 // mount_setattr(2) directly: the same result as mount(8) (a test compares
 // the mount tables) at a fraction of the cost (docs/benchmarks.md), and the
 // read-only step changes the read-only flag alone. Mounted filesystems
-// grow with mount-utils' ResizeFs (resize2fs, xfs_growfs); an unmounted
-// ext3/ext4 grows with e2fsck and resize2fs before FormatAndMount mounts
-// it. The mount table is read from /proc/self/mountinfo with
+// grow online (resize2fs, xfs_growfs); an unmounted ext3/ext4 grows with
+// e2fsck and resize2fs before FormatAndMount mounts it, where online growth
+// is not allowed. Host programs run to completion, never killed (runner.go).
+// The mount table is read from /proc/self/mountinfo with
 // github.com/moby/sys/mountinfo, which unescapes paths with spaces.
 //
 // A Linux is safe for concurrent use; callers serialise the calls that
@@ -44,56 +42,57 @@ type Linux struct {
 	// mount is made on first use: making one execs umount(8) to probe its
 	// behaviour, which only mount-utils' own unmount needs, and a Linux
 	// that never mounts a filesystem (List, Unmount, binds) should not pay.
-	mount  func() mountutils.Interface
-	resize *mountutils.ResizeFs
-	run    runner
+	mount func() mountutils.Interface
+	run   runner
+	tools tools
+	grow  growRecords
+	// onlineExt says this process may grow a mounted ext4
+	// (CAP_SYS_RESOURCE); else ext grows offline, before the mount.
+	onlineExt bool
 }
-
-// runner runs a program with an argument list (never a shell) and returns
-// its standard output; a failure carries the exit status (ExitCode) and the
-// standard error.
-type runner func(ctx context.Context, name string, args ...string) ([]byte, error)
 
 var _ Mounter = (*Linux)(nil)
 
-// New returns the Mounter of this machine.
+// New returns the Mounter of this machine, for reading the host (mounts,
+// devices, usage) and unmounting. It keeps no state, so it refuses to grow
+// an ext filesystem offline: use NewWithState for that.
 func New() *Linux {
-	return newLinux(execRun)
+	return NewWithState("")
 }
 
+// NewWithState returns the Mounter of this machine that keeps the records
+// of offline growths in progress in dir (created when first needed), where
+// they outlive csid: the mounter repairs a filesystem whose growth was
+// interrupted before it mounts it again.
+func NewWithState(dir string) *Linux {
+	m := newLinux(nil)
+	m.grow = growRecords{dir: dir}
+	return m
+}
+
+// newLinux returns a Linux that runs host programs with run (nil: its own
+// tools, never killed; see tools).
 func newLinux(run runner) *Linux {
-	return &Linux{
-		mount:  sync.OnceValue(func() mountutils.Interface { return mountutils.NewWithoutSystemd("") }),
-		resize: mountutils.NewResizeFs(utilexec.New()),
-		run:    run,
+	m := &Linux{
+		mount:     sync.OnceValue(func() mountutils.Interface { return mountutils.NewWithoutSystemd("") }),
+		onlineExt: capable(unix.CAP_SYS_RESOURCE),
 	}
-}
-
-// execError is a failed command: its exit status and what it said.
-type execError struct {
-	cmd    string
-	err    error
-	stderr string
-}
-
-func (e *execError) Error() string {
-	if e.stderr == "" {
-		return fmt.Sprintf("%s: %v", e.cmd, e.err)
+	m.run = run
+	if run == nil {
+		m.run = m.tools.run
 	}
-	return fmt.Sprintf("%s: %v: %s", e.cmd, e.err, e.stderr)
+	return m
 }
 
-func (e *execError) Unwrap() error { return e.err }
+// Running lists the host programs (mkfs, e2fsck, resize2fs, xfs_growfs,
+// blkid) the mounter is running now, longest-running first. Shutdown
+// waits for them: csid never kills one.
+func (m *Linux) Running() []Tool { return m.tools.list() }
 
+// execRun runs a host program as the mounter does, outside any Linux.
 func execRun(ctx context.Context, name string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return out, &execError{cmd: name + " " + strings.Join(args, " "), err: err, stderr: strings.TrimSpace(stderr.String())}
-	}
-	return out, nil
+	var t tools
+	return t.run(ctx, name, args...)
 }
 
 // mkfsArgs are the arguments of mkfs.<type> per supported filesystem.
@@ -111,12 +110,14 @@ var mkfsArgs = map[string][]string{
 // logged to ctx's zerolog logger, if it has one.
 //
 // An ext3/ext4 filesystem smaller than its device (the disk grew while
-// detached) is grown before it is mounted read-write: e2fsck -f -p, then
-// resize2fs on the unmounted device. Offline growth is the natural step of
-// an offline expansion, handles what online growth cannot (no reserved
-// descriptor blocks left), and needs no CAP_SYS_RESOURCE, which ext4's
-// online resize does and some container runtimes drop. xfs grows only
-// online: GrowFilesystem after the mount.
+// detached) is grown before it is mounted read-write, offline (e2fsck -f
+// -p, then resize2fs on the unmounted device), unless this process may grow
+// it online after the mount (CAP_SYS_RESOURCE, which some container
+// runtimes drop): then GrowFilesystem does, as it does for xfs. An offline
+// growth is recorded before it starts, and one that was interrupted is
+// repaired before the filesystem is mounted again, read-only or not (see
+// grow.go). The caller's context ending while a host tool runs lets the
+// tool finish; FormatAndMount then stops before its next step.
 func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error {
 	if err := ValidatePaths(device, target); err != nil {
 		return err
@@ -157,13 +158,16 @@ func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType strin
 		}
 		crash.Point(crash.MounterAfterFormat)
 	case fsType:
-		if isExt(fsType) && !slices.Contains(options, "ro") {
-			if _, err := m.growExtOffline(ctx, device); err != nil {
+		if isExt(fsType) {
+			if _, err := m.growExtBeforeMount(ctx, device, !slices.Contains(options, "ro")); err != nil {
 				return err
 			}
 		}
 	default:
 		return fmt.Errorf("%s holds %s, asked to mount %s: %w", device, existing, fsType, ErrFormatMismatch)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("mount %s at %s: %w", device, target, err)
 	}
 	if err := os.MkdirAll(target, 0o750); err != nil {
 		return err
@@ -495,19 +499,27 @@ func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, 
 		return false, nil
 	}
 	// The filesystem at path is device's (checked above), so statfs names
-	// its type; no probe of the device (ResizeFs runs blkid itself).
-	if before.Type == unix.EXT4_SUPER_MAGIC { // ext2, ext3 and ext4
+	// its type; no probe of the device. The kernel grows it, journalled:
+	// resize2fs and xfs_growfs only ask.
+	var grow []string
+	switch before.Type {
+	case unix.EXT4_SUPER_MAGIC: // ext2, ext3 and ext4
 		// ext4 keeps its superblock in the device's page cache, so it
 		// reads current even while mounted: skip resize2fs when there is
 		// nothing to do, and say clearly when it cannot be done here.
 		if short, err := m.extShort(ctx, device); err != nil || !short {
 			return false, err
 		}
-		if !capable(unix.CAP_SYS_RESOURCE) {
+		if !m.onlineExt {
 			return false, fmt.Errorf("grow the filesystem of %s at %s: online growth of ext4 needs CAP_SYS_RESOURCE, which this process lacks; unmount it and mount it again (FormatAndMount grows it offline)", device, path)
 		}
+		grow = []string{"resize2fs", device}
+	case unix.XFS_SUPER_MAGIC:
+		grow = []string{"xfs_growfs", "-d", path}
+	default:
+		return false, fmt.Errorf("grow the filesystem at %s: csid grows ext3, ext4 and xfs, not filesystem type %#x", path, before.Type)
 	}
-	if _, err := m.resize.Resize(device, path); err != nil {
+	if _, err := m.run(ctx, grow[0], grow[1:]...); err != nil {
 		return false, fmt.Errorf("grow the filesystem of %s at %s: %w", device, path, err)
 	}
 	var after unix.Statfs_t

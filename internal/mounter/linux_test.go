@@ -19,31 +19,47 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// recorder wraps a runner and records the programs it runs; fail, when set,
-// answers instead of the real program for the names it returns true for.
+// recorder wraps a runner and records the programs it runs (and their
+// command lines); fail, when set, answers instead of the real program for
+// the names it returns true for; after, when set, is called after each
+// program ran.
 type recorder struct {
-	mu   sync.Mutex
-	ran  []string
-	fail func(name string) error
+	mu    sync.Mutex
+	ran   []string
+	cmds  []string
+	fail  func(name string) error
+	after func(name string)
 }
 
 func (r *recorder) run(ctx context.Context, name string, args ...string) ([]byte, error) {
 	r.mu.Lock()
 	r.ran = append(r.ran, name)
-	fail := r.fail
+	r.cmds = append(r.cmds, strings.Join(append([]string{name}, args...), " "))
+	fail, after := r.fail, r.after
 	r.mu.Unlock()
 	if fail != nil {
 		if err := fail(name); err != nil {
 			return nil, err
 		}
 	}
-	return execRun(ctx, name, args...)
+	out, err := execRun(ctx, name, args...)
+	if after != nil {
+		after(name)
+	}
+	return out, err
+}
+
+// ranCommand reports whether a command line starting with prefix ran.
+func (r *recorder) ranCommand(prefix string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.cmds, func(c string) bool { return strings.HasPrefix(c, prefix) })
 }
 
 func (r *recorder) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.ran = nil
+	r.ran, r.cmds = nil, nil
 }
 
 func (r *recorder) ranProgram(name string) bool {
@@ -386,7 +402,8 @@ func TestBindMountDeviceForRawBlock(t *testing.T) {
 // The offline expansion, on the mounter's side: the device comes back
 // larger, and staging it again (FormatAndMount, then GrowFilesystem as the
 // engine does) leaves a filesystem that fills it. ext4 grows before the
-// mount, xfs after.
+// mount (in a process that may not grow it online), xfs after; the record
+// of the ext4 growth is gone once it is done.
 func TestGrowFilesystemOffline(t *testing.T) {
 	testutil.RequireRoot(t)
 	for _, fsType := range []string{"ext4", "xfs"} {
@@ -395,6 +412,7 @@ func TestGrowFilesystemOffline(t *testing.T) {
 			sb := newSandbox(t)
 			rec := &recorder{}
 			m := newLinux(rec.run)
+			m.grow, m.onlineExt = growRecords{dir: sb.path("grow")}, false
 			ctx := context.Background()
 			size := fsSizes[fsType]
 			dev := sb.device(size)
@@ -458,6 +476,9 @@ func TestGrowFilesystemOffline(t *testing.T) {
 			}
 			if rec.ranProgram("e2fsck") {
 				t.Fatal("a full-size ext4 was checked again")
+			}
+			if left, _ := os.ReadDir(sb.path("grow")); len(left) > 0 {
+				t.Fatalf("growth records left: %v", left)
 			}
 		})
 	}

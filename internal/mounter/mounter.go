@@ -71,9 +71,12 @@ type Mounter interface {
 	// device is formatted first only if a successful probe finds it blank.
 	// A device already formatted with fsType is mounted without being
 	// formatted (an ext3/ext4 smaller than its device is grown first,
-	// offline, unless the mount is read-only); with another filesystem,
-	// ErrFormatMismatch. Already mounted there: success; target mounted
-	// from another device: ErrBusy.
+	// offline, unless the mount is read-only or the caller's GrowFilesystem
+	// can grow it online; an interrupted offline growth is repaired first);
+	// with another filesystem, ErrFormatMismatch. Already mounted there:
+	// success; target mounted from another device: ErrBusy. A ctx that ends
+	// while a host tool (mkfs, e2fsck, resize2fs) runs lets the tool finish;
+	// FormatAndMount then returns ctx's error before its next step.
 	FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error
 	// BindMount bind-mounts the directory source onto target (created if
 	// missing), read-only if readOnly. Already bind-mounted: success.
@@ -96,7 +99,7 @@ type Mounter interface {
 	DeviceSize(ctx context.Context, device string) (int64, error)
 	// GrowFilesystem grows the filesystem of device, mounted at path, to
 	// fill the device, when the device is larger. It reports whether it
-	// grew anything.
+	// grew anything. The growth is online, journalled by the kernel.
 	GrowFilesystem(ctx context.Context, device, path string) (bool, error)
 	// Stats reports the usage of the filesystem mounted at path, or the
 	// size of the block device at path.

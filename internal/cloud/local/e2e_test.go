@@ -36,7 +36,7 @@ func TestOfflineExpansionEndToEnd(t *testing.T) {
 			ctx := context.Background()
 			controller := open(t, dir, Options{})
 			node := open(t, dir, Options{})
-			m := mounter.New()
+			m := mounter.NewWithState(filepath.Join(filepath.Dir(dir), "grow"))
 			if err := node.RegisterNode(ctx, cloud.Node{ID: "node-a", MaxAttachments: 4}); err != nil {
 				t.Fatal(err)
 			}
