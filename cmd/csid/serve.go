@@ -77,7 +77,10 @@ one --mode node per node (see docs/deploy.md).`,
 	f.StringVar(&o.Zone, "zone", "", "the local backend's zone (default \"local\")")
 	f.IntVar(&o.Workers, "workers", 64, "operations whose effects run at once")
 	f.StringVar(&o.MetricsAddress, "metrics-address", "", "serve /metrics, /readyz and /healthz on this address, e.g. :9090 (off when empty)")
-	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 0, "bound of each shutdown step (default 10s)")
+	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "bound of each shutdown step: stopping gRPC, then letting running operations finish")
+	f.DurationVar(&o.HostToolGrace, "host-tool-grace", app.DefaultHostToolGrace,
+		"how long shutdown then waits for host tools still running (mkfs, e2fsck, resize2fs, xfs_growfs), which csid never kills; "+
+			"a pod's terminationGracePeriodSeconds must exceed 2*shutdown-timeout + host-tool-grace")
 	f.StringToStringVar(&deadlines, "op-deadline", nil, "deadline of one attempt of an operation, by event, e.g. controller_publish=2m,node_stage=30m; "+
 		"an attempt past it is retried, and host tools are never killed for it (defaults: "+defaultDeadlines()+")")
 	f.StringVar(&logFormat, "log-format", "json", "log format: json or console")

@@ -57,7 +57,13 @@ type Options struct {
 	// ShutdownTimeout bounds the graceful stop of gRPC, then of the
 	// workers (default 10s each).
 	ShutdownTimeout time.Duration
-	Log             zerolog.Logger
+	// HostToolGrace bounds how long shutdown then waits for the host
+	// tools still running (mkfs, e2fsck, resize2fs, xfs_growfs), which
+	// csid never kills (default 5m). The whole shutdown takes at most
+	// 2*ShutdownTimeout+HostToolGrace: a Kubernetes pod's
+	// terminationGracePeriodSeconds must be longer.
+	HostToolGrace time.Duration
+	Log           zerolog.Logger
 	// Ready, if set, is closed once the process answers Probe as ready.
 	Ready chan<- struct{}
 	// Fake, if set, is the provider of Cloud "fake" (tests and benchmarks
@@ -74,6 +80,17 @@ type Options struct {
 	MetricsListener net.Listener
 }
 
+// Defaults of Options.
+const (
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultHostToolGrace   = 5 * time.Minute
+)
+
+// GrowDir is the directory, inside the state directory, where the node
+// records the offline growths of filesystems in progress (one file per
+// filesystem UUID), so that it repairs one a crash interrupted.
+const GrowDir = "grow"
+
 // StateFile is the state file of a mode inside a state directory.
 func StateFile(dir string, mode driver.Mode) string {
 	name := "csid.db"
@@ -86,7 +103,10 @@ func StateFile(dir string, mode driver.Mode) string {
 // Run serves until ctx ends, then shuts down in order.
 func Run(ctx context.Context, o Options) error {
 	if o.ShutdownTimeout <= 0 {
-		o.ShutdownTimeout = 10 * time.Second
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.HostToolGrace <= 0 {
+		o.HostToolGrace = DefaultHostToolGrace
 	}
 	if o.NodeID == "" {
 		h, err := os.Hostname()
@@ -198,31 +218,63 @@ func Run(ctx context.Context, o Options) error {
 			log.Error().Err(err).Msg("gRPC server stopped")
 		}
 	}
-	return shutdown(log, srv, eng, o.ShutdownTimeout, served)
+	return shutdown(log, srv, eng, p.mounter, o)
 }
 
-// shutdown stops in order: gRPC stops gracefully within the timeout (no
-// new RPCs; then hard: handlers still waiting return Aborted, their ops go
-// on), then the engine reports not ready, refuses new requests and drains
-// its workers to a safe point, and the caller closes the store last.
-func shutdown(log zerolog.Logger, srv *grpc.Server, eng *ops.Engine, timeout time.Duration, served <-chan error) error {
+// shutdown stops in order: gRPC stops gracefully within ShutdownTimeout
+// (no new RPCs; then hard: handlers still waiting return Aborted, their ops
+// go on); then the engine reports not ready, refuses new requests, starts
+// no new attempt, lets the effects running finish within ShutdownTimeout,
+// and then cancels them: each stops before its next step, but a host tool
+// already running is left to finish, within HostToolGrace (a killed
+// resize2fs can leave a filesystem needing repair). The caller closes the
+// store last.
+func shutdown(log zerolog.Logger, srv *grpc.Server, eng *ops.Engine, m mounter.Mounter, o Options) error {
 	log.Info().Msg("shutting down")
 	done := make(chan struct{})
 	go func() { srv.GracefulStop(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(timeout):
-		log.Warn().Float64("after_seconds", timeout.Seconds()).Msg("RPCs still running; stopping hard")
+	case <-time.After(o.ShutdownTimeout):
+		log.Warn().Float64("after_seconds", o.ShutdownTimeout.Seconds()).Msg("RPCs still running; stopping hard")
 		srv.Stop()
 		<-done
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout+o.HostToolGrace)
 	defer cancel()
-	if err := eng.Close(ctx); err != nil {
+	closed := make(chan error, 1)
+	go func() { closed <- eng.Close(ctx) }()
+	running := func() []string { return nil }
+	if t, ok := m.(interface{ Running() []mounter.Tool }); ok {
+		running = func() []string { return toolNames(t.Running()) }
+	}
+	var err error
+	select {
+	case err = <-closed:
+	case <-time.After(o.ShutdownTimeout):
+		if tools := running(); len(tools) > 0 {
+			log.Warn().Strs("tools", tools).Dur("grace", o.HostToolGrace).
+				Msg("waiting for host tools to finish: csid never kills one")
+		}
+		err = <-closed
+	}
+	if err != nil {
+		if tools := running(); len(tools) > 0 {
+			log.Error().Strs("tools", tools).Msg("host tools still running at the end of the grace period: they die with csid's container (the next NodeStage repairs an interrupted growth)")
+		}
 		return err
 	}
 	log.Info().Msg("stopped")
 	return nil
+}
+
+// toolNames describes running host tools for a log line.
+func toolNames(tools []mounter.Tool) []string {
+	out := make([]string, len(tools))
+	for i, t := range tools {
+		out[i] = fmt.Sprintf("%s (running %s)", t, time.Since(t.Started).Round(time.Second))
+	}
+	return out
 }
 
 // provider is the cloud side of one process.
@@ -244,7 +296,8 @@ func newProvider(ctx context.Context, o Options) (*provider, error) {
 		if zone == "" {
 			zone = local.DefaultZone
 		}
-		return &provider{cloud: c, host: c.Host(o.NodeID), mounter: mounter.New(), zone: zone}, nil
+		m := mounter.NewWithState(filepath.Join(o.StateDir, GrowDir))
+		return &provider{cloud: c, host: c.Host(o.NodeID), mounter: m, zone: zone}, nil
 	case "fake":
 		zone := o.Zone
 		if zone == "" {

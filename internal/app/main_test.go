@@ -1,13 +1,16 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,11 +29,13 @@ const envChild = "CSID_APP_CHILD"
 
 // childOptions are the options a child csid runs with.
 type childOptions struct {
-	Mode     driver.Mode
-	Endpoint string
-	StateDir string
-	Cloud    string
-	NodeID   string
+	Mode            driver.Mode
+	Endpoint        string
+	StateDir        string
+	Cloud           string
+	NodeID          string
+	ShutdownTimeout time.Duration
+	HostToolGrace   time.Duration
 }
 
 func TestMain(m *testing.M) {
@@ -53,6 +58,7 @@ func childMain(raw string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	err := app.Run(ctx, app.Options{Mode: co.Mode, Endpoint: co.Endpoint, StateDir: co.StateDir, Cloud: co.Cloud, NodeID: co.NodeID,
+		ShutdownTimeout: co.ShutdownTimeout, HostToolGrace: co.HostToolGrace,
 		Log: zerolog.New(os.Stderr).Level(zerolog.InfoLevel)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "csid:", err)
@@ -66,26 +72,37 @@ type child struct {
 	cmd    *exec.Cmd
 	socket string
 	exited chan error
+	log    lockedBuffer // what it logged
 }
 
 // startChild runs csid in a child process and waits until it answers Probe
 // as ready; crashAt arms a crash point in it.
 func startChild(t *testing.T, co childOptions, crashAt, crashLog string) *child {
 	t.Helper()
-	raw, _ := json.Marshal(co)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"="+string(raw), crash.EnvAt+"="+crashAt, crash.EnvLog+"="+crashLog,
-		"GORACE=atexit_sleep_ms=0")
-	cmd.Stderr = &testWriter{t: t, prefix: "csid: "}
+	return runChild(t, co, cmd, crash.EnvAt+"="+crashAt, crash.EnvLog+"="+crashLog)
+}
+
+// runChild starts cmd, which runs this test binary (perhaps through a
+// launcher), as a csid with options co and the extra environment env, and
+// waits until it answers Probe as ready.
+func runChild(t *testing.T, co childOptions, cmd *exec.Cmd, env ...string) *child {
+	t.Helper()
+	raw, _ := json.Marshal(co)
+	cmd.Env = append(append(os.Environ(), envChild+"="+string(raw), "GORACE=atexit_sleep_ms=0"), env...)
+	c := &child{cmd: cmd, socket: co.Endpoint[len("unix://"):], exited: make(chan error, 1)}
+	cmd.Stderr = io.MultiWriter(&testWriter{t: t, prefix: "csid: "}, &c.log)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, socket: co.Endpoint[len("unix://"):], exited: make(chan error, 1)}
-	go func() { c.exited <- cmd.Wait() }()
+	done := make(chan struct{}) // closed once Wait has returned
+	go func() { err := cmd.Wait(); close(done); c.exited <- err }()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-done:
+		default:
 			_ = cmd.Process.Kill()
-			<-c.exited
+			<-done
 		}
 	})
 	cl := apptest.Dial(t, c.socket)
@@ -143,6 +160,24 @@ func (c *child) stop(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("csid still running 30s after SIGTERM")
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // testWriter forwards a child's output to the test log.
