@@ -5,12 +5,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/effects"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -277,6 +281,21 @@ func (c *cell) checkData(name string) error {
 	}
 	if !bytes.Equal(got, v.data) {
 		return fmt.Errorf("data written to %s before the crash reads %q, want %q", name, got, v.data)
+	}
+	return nil
+}
+
+// checkFsck runs e2fsck -fn on the image of the volume's disk (detached,
+// or at least unstaged): it must find nothing to repair.
+func (c *cell) checkFsck(ctx context.Context, name string) error {
+	v := c.vols[name]
+	in, err := local.OpenInspector(c.dir)
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, "e2fsck", "-fn", in.ImagePath(v.context[effects.PublishContextDiskID])).CombinedOutput()
+	if err != nil || strings.Contains(string(out), "? no") {
+		return fmt.Errorf("e2fsck -fn of %s: %v: %s", name, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

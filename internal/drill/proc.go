@@ -44,8 +44,17 @@ func start(ctx context.Context, binary, dir string, env []string) (*proc, error)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(binary, "serve", "--state-dir", dir, "--endpoint", "unix://"+socket,
-		"--node-id", NodeID, "--log-format", "json", "--shutdown-timeout", "5s")
+	args := []string{binary, "serve", "--state-dir", dir, "--endpoint", "unix://" + socket,
+		"--node-id", NodeID, "--log-format", "json", "--shutdown-timeout", "5s"}
+	// Without CAP_SYS_RESOURCE, csid grows ext4 offline: the growth with
+	// crash points of its own (the kernel journals an online one).
+	if setpriv, err := exec.LookPath("setpriv"); err == nil {
+		args = append([]string{setpriv, "--bounding-set", "-sys_resource", "--"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	// csid leads its process group, as in a container: a crash point
+	// during a host tool kills the group, the tool with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -133,9 +142,14 @@ func (p *proc) stop() error {
 	}
 }
 
-// kill ends the process at once (Ctrl-C of the drill, a hung csid).
+// kill ends the process at once, with the host tools it runs (Ctrl-C of
+// the drill, a hung csid).
 func (p *proc) kill() {
-	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.exited: // its group may be gone and its id reused
+	default:
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
 	<-p.exited
 	if p.conn != nil {
 		p.conn.Close()

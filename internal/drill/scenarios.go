@@ -45,6 +45,12 @@ func size(name string) func(context.Context, *cell) error {
 	return func(ctx context.Context, c *cell) error { return c.checkSize(ctx, name) }
 }
 
+// fsck checks the volume's filesystem with e2fsck -fn (it must be
+// unstaged): a crash must never leave it needing a manual fsck.
+func fsck(name string) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return c.checkFsck(ctx, name) }
+}
+
 func expand(name string, to int64, want codes.Code) func(context.Context, *cell) error {
 	return func(ctx context.Context, c *cell) error { return c.expand(ctx, name, to, want) }
 }
@@ -91,6 +97,12 @@ var Scenarios = []scenario{
 		setup: create("vol", 64*mib),
 		main:  expand("vol", 128*mib, codes.OK),
 		end:   then(do("vol", attach), size("vol"), do("vol", detach), do("vol", del)),
+	},
+	{
+		Name: "grow-at-stage", Doc: "ControllerPublish, NodeStage (grows the filesystem of a disk expanded while detached, offline), NodePublish",
+		setup: then(create("vol", 64*mib), do("vol", attach), write("vol"), do("vol", detach), expand("vol", 128*mib, codes.OK)),
+		main:  do("vol", attach),
+		end:   then(readBack("vol"), size("vol"), do("vol", detach), fsck("vol"), do("vol", del)),
 	},
 	{
 		Name: "expand-attached", Doc: "ControllerExpandVolume while attached (queued), unpublish (the resize runs), publish (after it)",

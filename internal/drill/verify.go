@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/check"
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/driver"
@@ -61,6 +62,11 @@ func verify(ctx context.Context, dir string) error {
 	})
 	if err != nil {
 		return err
+	}
+
+	// A growth record left says a filesystem's growth never finished.
+	if left, _ := filepath.Glob(filepath.Join(dir, app.GrowDir, "*")); len(left) > 0 {
+		add("growth records left: %s", strings.Join(left, ", "))
 	}
 
 	// Leaks: what csid check would report, on the stopped driver's state
