@@ -83,7 +83,8 @@ func (g growRecords) put(r growRecord) error {
 		return fmt.Errorf("record the growth of filesystem %s: %w", r.UUID, err)
 	}
 	defer os.Remove(tmp.Name()) // nothing left once renamed
-	if _, err := tmp.Write(raw); err == nil {
+	_, err = tmp.Write(raw)
+	if err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {

@@ -152,3 +152,50 @@ func TestGrowthIsOnlineWhereAllowed(t *testing.T) {
 		t.Fatalf("GrowFilesystem = %v, %v; want grown online", grew, err)
 	}
 }
+
+// A growth that cannot be recorded (the state directory's file system is
+// full, or the directory is immutable) does not start: nothing runs, the
+// filesystem keeps its size, and once the fault is gone the growth goes
+// ahead.
+func TestGrowthDoesNotStartUnrecorded(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []string{"full", "immutable"} {
+		t.Run(fault, func(t *testing.T) {
+			sb, m, rec, dev := growSetup(t, 128*mib)
+			state := testutil.SmallFS(t, 8*mib)
+			m.grow = growRecords{dir: filepath.Join(state, "grow")}
+			if err := os.Mkdir(m.grow.dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			clear := func() {}
+			switch fault {
+			case "full":
+				clear = testutil.Fill(t, state, "filler")
+			case "immutable":
+				testutil.SetImmutable(t, m.grow.dir, true)
+				clear = func() { testutil.SetImmutable(t, m.grow.dir, false) }
+			}
+			target := sb.path("staging")
+			err := m.FormatAndMount(context.Background(), dev, target, "ext4", nil)
+			if err == nil || !strings.Contains(err.Error(), "record the growth") {
+				t.Fatalf("FormatAndMount with the growth record unwritable: %v, want an error saying so", err)
+			}
+			if rec.ranProgram("e2fsck") || rec.ranProgram("resize2fs") {
+				t.Fatalf("ran %v without a record of the growth", rec.cmds)
+			}
+			if size, err := extSize(dev); err != nil || size != 64*mib {
+				t.Fatalf("the filesystem is %d bytes (%v), want it untouched", size, err)
+			}
+			clear()
+			if err := m.FormatAndMount(context.Background(), dev, target, "ext4", nil); err != nil {
+				t.Fatalf("FormatAndMount once the fault is gone: %v", err)
+			}
+			if size, err := extSize(dev); err != nil || size < 120*mib {
+				t.Fatalf("the filesystem is %d bytes (%v) once the fault is gone: not grown", size, err)
+			}
+			if left, _ := filepath.Glob(filepath.Join(m.grow.dir, "*")); len(left) > 0 {
+				t.Fatalf("growth records left: %v", left)
+			}
+		})
+	}
+}
