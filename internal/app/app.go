@@ -253,7 +253,7 @@ func shutdown(log zerolog.Logger, srv *grpc.Server, eng *ops.Engine, m mounter.M
 	case err = <-closed:
 	case <-time.After(o.ShutdownTimeout):
 		if tools := running(); len(tools) > 0 {
-			log.Warn().Strs("tools", tools).Dur("grace", o.HostToolGrace).
+			log.Warn().Strs("tools", tools).Float64("grace_seconds", o.HostToolGrace.Seconds()).
 				Msg("waiting for host tools to finish: csid never kills one")
 		}
 		err = <-closed
