@@ -21,7 +21,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/driver"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -806,6 +808,7 @@ func checkNode(r reporter, b *bundle, d *appsv1.DaemonSet, driver *storagev1.CSI
 	if u := runAs(spec, csid); u == nil || *u != 0 {
 		r.Errorf("%s: csid must run as root on the node", at)
 	}
+	checkGracePeriod(r, at, spec, f)
 	if id, ok := f.get(r, at+": csid", "node-id"); ok {
 		name := strings.TrimSuffix(strings.TrimPrefix(id, "$("), ")")
 		if !slices.ContainsFunc(csid.Env, func(e corev1.EnvVar) bool {
@@ -869,6 +872,39 @@ func checkNode(r reporter, b *bundle, d *appsv1.DaemonSet, driver *storagev1.CSI
 		r.Errorf("%s: node-driver-registrar must mount kubelet's plugin registration directory at /registration", at)
 	} else if v := volumeByName(spec, rm.Name); v == nil || v.HostPath == nil || path.Clean(v.HostPath.Path) != registryPath {
 		r.Errorf("%s: node-driver-registrar's /registration must be the host's %s", at, registryPath)
+	}
+}
+
+// checkGracePeriod checks that kubelet gives the node plugin the time its
+// shutdown may take (2x --shutdown-timeout, then --host-tool-grace for a
+// resize2fs or e2fsck still running, which csid never kills) before it
+// kills the container, host tools and all. The grace is asked for
+// explicitly: its default is the binary's, not the manifest's.
+func checkGracePeriod(r reporter, at string, spec *corev1.PodSpec, f flags) {
+	r.Helper()
+	duration := func(name string, def time.Duration) time.Duration {
+		v := firstValue(f, name)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			r.Errorf("%s: csid --%s=%s: %v", at, name, v, err)
+		}
+		return d
+	}
+	grace, ok := f.get(r, at+": csid", "host-tool-grace")
+	if !ok {
+		return
+	}
+	need := 2*duration("shutdown-timeout", app.DefaultShutdownTimeout) + duration("host-tool-grace", app.DefaultHostToolGrace)
+	got := 30 * time.Second // Kubernetes' default
+	if spec.TerminationGracePeriodSeconds != nil {
+		got = time.Duration(*spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	if got <= need {
+		r.Errorf("%s: terminationGracePeriodSeconds %v, but csid's shutdown may take %v (--host-tool-grace=%s): "+
+			"kubelet would kill a resize2fs csid waits for", at, got, need, grace)
 	}
 }
 
@@ -1376,6 +1412,11 @@ func TestManifestsCatchBreakage(t *testing.T) {
 			name:      "a container without limits",
 			edits:     []edit{{"base/node.yaml", "            limits:\n              # mkfs, resize2fs and xfs_growfs run in this container.\n              cpu: \"2\"\n              memory: 1Gi\n", ""}},
 			wantError: "container csid: needs both a request and a limit for cpu",
+		},
+		{
+			name:      "node plugin killed before its host tools finish",
+			edits:     []edit{{"base/node.yaml", "terminationGracePeriodSeconds: 330", "terminationGracePeriodSeconds: 30"}},
+			wantError: "kubelet would kill a resize2fs csid waits for",
 		},
 		{
 			name:      "CSIDriver renamed",
