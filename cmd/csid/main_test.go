@@ -1,18 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
 	"os"
 	"os/exec"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/testutil"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -35,7 +34,7 @@ func TestMain(m *testing.M) {
 // process is a csid child process.
 type process struct {
 	cmd     *exec.Cmd
-	stderr  *syncBuffer
+	stderr  *testutil.Buffer
 	started time.Time
 	done    chan struct{} // closed when the process has exited
 	exited  time.Time
@@ -50,7 +49,7 @@ func startCSIDProcess(t *testing.T, dir string, args ...string) *process {
 	cmd.Dir = dir
 	// A -race child otherwise sleeps 1s at exit.
 	cmd.Env = append(os.Environ(), runAsCSID+"=1", "GORACE=atexit_sleep_ms=0")
-	p := &process{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &process{cmd: cmd, stderr: &testutil.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.stderr, p.stderr
 	p.started = time.Now()
 	if err := cmd.Start(); err != nil {
@@ -176,23 +175,4 @@ func terminate(t *testing.T, p *process, limit time.Duration) time.Duration {
 		t.Fatalf("csid (pid %d) exited %d after SIGTERM, want 0 (graceful shutdown); its output:\n%s", p.pid(), code, p.stderr)
 	}
 	return took
-}
-
-// syncBuffer is a bytes.Buffer safe to write from the process's output
-// copier while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

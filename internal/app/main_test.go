@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/rs/zerolog"
 )
 
@@ -72,7 +71,7 @@ type child struct {
 	cmd    *exec.Cmd
 	socket string
 	exited chan error
-	log    lockedBuffer // what it logged
+	log    testutil.Buffer // what it logged
 }
 
 // startChild runs csid in a child process and waits until it answers Probe
@@ -160,24 +159,6 @@ func (c *child) stop(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("csid still running 30s after SIGTERM")
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // testWriter forwards a child's output to the test log.
