@@ -31,7 +31,8 @@ import (
 // the mounter's grow directory, written and removed durably (fsync of the
 // file and of the directory). The repair runs only for a filesystem that
 // has a record: csid answers e2fsck's questions only for damage it may have
-// caused itself.
+// caused itself. Two filesystems with one UUID (a cloned disk) share a
+// record; the other is repaired only if e2fsck -p refuses it too.
 
 // growRecord is the record of an offline growth in progress.
 type growRecord struct {
@@ -42,7 +43,8 @@ type growRecord struct {
 	Started   time.Time `json:"started"`
 }
 
-// growRecords is the directory of growRecords.
+// growRecords is the directory of growth records ("": none; such a
+// mounter does not grow offline).
 type growRecords struct{ dir string }
 
 func (g growRecords) path(uuid string) string { return filepath.Join(g.dir, uuid+".json") }
