@@ -7,12 +7,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/moby/sys/mountinfo"
@@ -23,26 +20,29 @@ import (
 
 // Linux is the Mounter of the machine csid runs on; it needs root.
 //
-// Filesystems are mounted by mount(8) through k8s.io/mount-utils, which
-// parses the options ("noatime", "nouuid", ...) as users expect. Bind
-// mounts and unmounts are made with mount(2), umount(2) and
-// mount_setattr(2) directly: the same result as mount(8) (a test compares
-// the mount tables) at a fraction of the cost (docs/benchmarks.md), and the
-// read-only step changes the read-only flag alone. Mounted filesystems
-// grow online (resize2fs, xfs_growfs); an unmounted ext3/ext4 grows with
-// e2fsck and resize2fs before FormatAndMount mounts it, where online growth
-// is not allowed. Host programs run to completion, never killed (runner.go).
-// The mount table is read from /proc/self/mountinfo with
-// github.com/moby/sys/mountinfo, which unescapes paths with spaces.
+// The paths it is handed are opened without following a symbolic link
+// anywhere in them (openat2 with RESOLVE_NO_SYMLINKS; see entry), and every
+// step acts through the descriptors so opened, not through the path again:
+// a directory swapped for a link after the check cannot redirect a mount,
+// an unmount or a removal. Filesystems are mounted by mount(8), which
+// parses the options ("noatime", "nouuid", ...) as users expect, on the
+// target's descriptor (/proc/self/fd/3, with --no-canonicalize so mount(8)
+// does not turn it back into a path); the arguments are built by
+// k8s.io/mount-utils. Bind mounts and unmounts are made with mount(2),
+// umount(2) and mount_setattr(2) directly: the same result as mount(8) (a
+// test compares the mount tables) at a fraction of the cost
+// (docs/benchmarks.md), and the read-only step changes the read-only flag
+// alone. Mounted filesystems grow online (resize2fs, xfs_growfs); an
+// unmounted ext3/ext4 grows with e2fsck and resize2fs before FormatAndMount
+// mounts it, where online growth is not allowed. Host programs run to
+// completion, never killed (runner.go). The mount table is read from
+// /proc/self/mountinfo with github.com/moby/sys/mountinfo, which unescapes
+// paths with spaces.
 //
 // A Linux is safe for concurrent use; callers serialise the calls that
 // concern one device or one target (csid's engine runs one operation per
 // volume at a time).
 type Linux struct {
-	// mount is made on first use: making one execs umount(8) to probe its
-	// behaviour, which only mount-utils' own unmount needs, and a Linux
-	// that never mounts a filesystem (List, Unmount, binds) should not pay.
-	mount func() mountutils.Interface
 	run   runner
 	tools tools
 	grow  growRecords
@@ -73,10 +73,7 @@ func NewWithState(dir string) *Linux {
 // newLinux returns a Linux that runs host programs with run (nil: its own
 // tools, never killed; see tools).
 func newLinux(run runner) *Linux {
-	m := &Linux{
-		mount:     sync.OnceValue(func() mountutils.Interface { return mountutils.NewWithoutSystemd("") }),
-		onlineExt: capable(unix.CAP_SYS_RESOURCE),
-	}
+	m := &Linux{onlineExt: capable(unix.CAP_SYS_RESOURCE)}
 	m.run = run
 	if run == nil {
 		m.run = m.tools.run
@@ -85,8 +82,8 @@ func newLinux(run runner) *Linux {
 }
 
 // Running lists the host programs (mkfs, e2fsck, resize2fs, xfs_growfs,
-// blkid) the mounter is running now, longest-running first. Shutdown
-// waits for them: csid never kills one.
+// blkid, mount) the mounter is running now, longest-running first.
+// Shutdown waits for them: csid never kills one.
 func (m *Linux) Running() []Tool { return m.tools.list() }
 
 // execRun runs a host program as the mounter does, outside any Linux.
@@ -107,7 +104,9 @@ var mkfsArgs = map[string][]string{
 // FormatAndMount formats device if a successful probe finds it blank and
 // mounts it at target; see Mounter. A blank device is not formatted for a
 // read-only mount ("ro" among the options): that is an error. A format is
-// logged to ctx's zerolog logger, if it has one.
+// logged to ctx's zerolog logger, if it has one. The target is checked
+// before the device is touched: a target csid may not mount on leaves the
+// device as it was.
 //
 // An ext3/ext4 filesystem smaller than its device (the disk grew while
 // detached) is grown before it is mounted read-write, offline (e2fsck -f
@@ -128,20 +127,31 @@ func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType strin
 	if _, ok := mkfsArgs[fsType]; !ok {
 		return fmt.Errorf("filesystem %q: csid formats ext4, ext3 and xfs", fsType)
 	}
-	mounted, err := m.IsMounted(ctx, target)
+	src, err := openSource(FilesystemMount, device)
+	if err != nil {
+		// What is not a readable block device holds nothing csid could
+		// tell apart from data.
+		return fmt.Errorf("%w: %w", ErrProbeFailed, err)
+	}
+	defer src.Close()
+	e, made, err := planAt(src, target)
 	if err != nil {
 		return err
 	}
-	if mounted {
-		same, err := mountedFrom(device, target)
-		if err != nil {
-			return err
-		}
-		if !same {
-			return fmt.Errorf("%s is mounted, not from %s: %w", target, device, ErrBusy)
-		}
+	defer e.Close()
+	if !made.Mounted {
 		return nil
 	}
+	if err := m.prepareDevice(ctx, device, fsType, options); err != nil {
+		return err
+	}
+	return mountAt(e, made, func(t *os.File) error { return m.mountFilesystem(ctx, device, t, fsType, options) })
+}
+
+// prepareDevice formats device with fsType if a successful probe finds it
+// blank, or grows its ext3/ext4 filesystem to the device; another
+// filesystem is ErrFormatMismatch.
+func (m *Linux) prepareDevice(ctx context.Context, device, fsType string, options []string) error {
 	existing, err := m.Filesystem(ctx, device)
 	if err != nil {
 		return err
@@ -167,229 +177,78 @@ func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType strin
 		return fmt.Errorf("%s holds %s, asked to mount %s: %w", device, existing, fsType, ErrFormatMismatch)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("mount %s at %s: %w", device, target, err)
-	}
-	if err := os.MkdirAll(target, 0o750); err != nil {
-		return err
-	}
-	if err := m.mount().Mount(device, target, fsType, options); err != nil {
-		return fmt.Errorf("mount %s at %s: %w", device, target, err)
+		return fmt.Errorf("mount %s: %w", device, err)
 	}
 	return nil
 }
 
-// BindMount bind-mounts the directory source at target; see Mounter. A
-// target already bound to source is brought to the asked read-only state
-// (a crash between the bind and the read-only step leaves it read-write).
-func (m *Linux) BindMount(ctx context.Context, source, target string, readOnly bool) error {
-	if err := ValidatePaths(source, target); err != nil {
-		return err
-	}
-	src, err := os.Stat(source)
-	if err != nil {
-		return err
-	}
-	if !src.IsDir() {
-		return fmt.Errorf("bind mount source %s is not a directory", source)
-	}
-	if err := os.MkdirAll(target, 0o750); err != nil {
-		return err
-	}
-	return m.bind(ctx, source, target, readOnly, func(tgt os.FileInfo) bool { return os.SameFile(src, tgt) })
-}
-
-// BindMountDevice bind-mounts the block device at target, a file it
-// creates; see Mounter.
-//
-// A read-only bind mount keeps the mount from being written through, but
-// not the device: Linux lets a device node on a read-only mount be opened
-// for writing. Read-only raw block volumes need the device itself read-only.
-func (m *Linux) BindMountDevice(ctx context.Context, device, target string, readOnly bool) error {
-	if err := ValidatePaths(device, target); err != nil {
-		return err
-	}
-	dev, err := os.Stat(device)
-	if err != nil {
-		return err
-	}
-	if !isBlock(dev) {
-		return fmt.Errorf("%s is not a block device", device)
-	}
-	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
-		return err
-	}
-	if fi, err := os.Lstat(target); errors.Is(err, fs.ErrNotExist) {
-		f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_RDONLY|unix.O_CLOEXEC, 0o640)
-		if err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
+// mountFilesystem mounts device's filesystem on the directory target with
+// mount(8), which gets target as its descriptor 3 and mounts on
+// /proc/self/fd/3 as it is (--no-canonicalize); like every host tool, it
+// runs to completion. The options are not repeated in the error: the CSI
+// spec lets mount flags be sensitive.
+func (m *Linux) mountFilesystem(ctx context.Context, device string, target *os.File, fsType string, options []string) error {
+	args, _ := mountutils.MakeMountArgsSensitiveWithMountFlags(device, "/proc/self/fd/3", fsType, options, nil, []string{"--no-canonicalize"})
+	if _, err := m.tools.runWith(ctx, []*os.File{target}, "mount", args...); err != nil {
+		var xe *execError
+		if errors.As(err, &xe) {
+			err = fmt.Errorf("%w: %s", xe.err, xe.stderr)
 		}
-		if f != nil {
-			f.Close()
-		}
-	} else if err != nil {
-		return err
-	} else if fi.IsDir() {
-		return fmt.Errorf("target %s of a block device is a directory", target)
-	}
-	return m.bind(ctx, device, target, readOnly, func(tgt os.FileInfo) bool {
-		return isBlock(tgt) && rdev(tgt) == rdev(dev)
-	})
-}
-
-// bind makes target a bind mount of source, or checks with same that it is
-// one already, and sets its read-only flag.
-func (m *Linux) bind(ctx context.Context, source, target string, readOnly bool, same func(target os.FileInfo) bool) error {
-	mounted, err := m.IsMounted(ctx, target)
-	if err != nil {
-		return err
-	}
-	if mounted {
-		tgt, err := os.Stat(target)
-		if err != nil {
-			return err
-		}
-		if !same(tgt) {
-			return fmt.Errorf("%s is mounted, not from %s: %w", target, source, ErrBusy)
-		}
-		return setReadOnly(target, readOnly)
-	}
-	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind mount %s at %s: %w", source, target, err)
-	}
-	if err := setReadOnly(target, readOnly); err != nil {
-		// Never leave a writable mount where a read-only one was asked.
-		_ = unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
-		return err
+		return fmt.Errorf("mount %s (%s) at %s: %w", device, fsType, target.Name(), err)
 	}
 	return nil
 }
 
-// setReadOnly sets or clears the read-only flag of the mount at target and
-// nothing else.
-func setReadOnly(target string, readOnly bool) error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(target, &st); err != nil {
-		return fmt.Errorf("statfs %s: %w", target, err)
-	}
-	if (st.Flags&unix.ST_RDONLY != 0) == readOnly {
-		return nil
-	}
-	attr := unix.MountAttr{}
-	if readOnly {
-		attr.Attr_set = unix.MOUNT_ATTR_RDONLY
-	} else {
-		attr.Attr_clr = unix.MOUNT_ATTR_RDONLY
-	}
-	err := unix.MountSetattr(unix.AT_FDCWD, target, 0, &attr)
-	if errors.Is(err, unix.ENOSYS) {
-		err = remountReadOnly(target, &st, readOnly)
-	}
-	if err != nil {
-		return fmt.Errorf("make %s read-only=%v: %w", target, readOnly, err)
-	}
-	return nil
-}
-
-// remountReadOnly is setReadOnly before Linux 5.12 (no mount_setattr): a
-// bind remount sets every per-mount flag, so it restates those the mount
-// has (st is its statfs), as mount(8) does.
-func remountReadOnly(target string, st *unix.Statfs_t, readOnly bool) error {
-	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND)
-	for stFlag, msFlag := range map[int64]uintptr{
-		unix.ST_NOSUID: unix.MS_NOSUID, unix.ST_NODEV: unix.MS_NODEV, unix.ST_NOEXEC: unix.MS_NOEXEC,
-		unix.ST_NOATIME: unix.MS_NOATIME, unix.ST_NODIRATIME: unix.MS_NODIRATIME, unix.ST_RELATIME: unix.MS_RELATIME,
-	} {
-		if int64(st.Flags)&stFlag != 0 {
-			flags |= msFlag
-		}
-	}
-	if readOnly {
-		flags |= unix.MS_RDONLY
-	}
-	return unix.Mount("", target, "", flags, "")
-}
-
-// Unmount unmounts target (every mount stacked on it) and removes it; see
-// Mounter. A directory left with content after the unmount is not removed:
-// that is an error, never a recursive delete.
-func (m *Linux) Unmount(ctx context.Context, target string) error {
-	if err := ValidatePath(target); err != nil {
-		return err
-	}
-	if _, err := os.Lstat(target); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	} else if err != nil {
-		return err
-	}
-	// Unmount until target is no mount point: mounts may be stacked on it.
-	// EINVAL is the kernel saying it is none; so it says for a symbolic
-	// link to a mount point, which csid does not follow.
-	const maxStacked = 16
-	for i := 0; ; i++ {
-		mounted, err := m.IsMounted(ctx, target)
-		if err != nil {
-			return err
-		}
-		if !mounted {
-			break
-		}
-		err = unmountRetrying(ctx, target)
-		if errors.Is(err, unix.EINVAL) {
-			break
-		}
-		if errors.Is(err, unix.EBUSY) {
-			return fmt.Errorf("unmount %s: %w (%v)", target, ErrInUse, err)
-		}
-		if err != nil {
-			return fmt.Errorf("unmount %s: %w", target, err)
-		}
-		if i == maxStacked {
-			return fmt.Errorf("unmount %s: still mounted after %d unmounts", target, maxStacked)
-		}
-	}
-	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove %s after unmounting it: %w", target, err)
-	}
-	return nil
-}
-
-// unmountRetrying unmounts target, retrying EBUSY for up to about a second:
-// a mount is busy for an instant while anything holds a file in it, and
-// such holders come and go on their own — a forked child holds a copy of
-// its parent's open files until it execs, udev probes devices, a process is
-// exiting. A holder that stays makes it return EBUSY.
-func unmountRetrying(ctx context.Context, target string) error {
-	wait := 5 * time.Millisecond
-	for i := 0; ; i++ {
-		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
-		if !errors.Is(err, unix.EBUSY) || i == 8 {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(wait):
-		}
-		wait *= 2
-	}
-}
-
-// IsMounted reports whether path is a mount point; see Mounter.
+// IsMounted reports whether path is a mount point; see Mounter. A link in
+// path is ErrSymlink.
 func (m *Linux) IsMounted(ctx context.Context, path string) (bool, error) {
-	if err := ValidatePath(path); err != nil {
-		return false, err
-	}
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	mounted, err := mountinfo.Mounted(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+	e, l, err := look(path)
+	if err != nil || e == nil {
+		return false, err
+	}
+	defer e.Close()
+	return l.mountPoint, nil
+}
+
+// look opens path's entry and looks at it. A path that cannot exist (no
+// parent directory, or an element that is no directory) is (nil, no leaf,
+// nil).
+func look(path string) (*entry, leaf, error) {
+	e, err := openEntry(path)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrPathConflict) {
+		return nil, leaf{}, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("is %s mounted: %w", path, err)
+		return nil, leaf{}, err
 	}
-	return mounted, nil
+	l, err := e.stat()
+	if err != nil {
+		e.Close()
+		return nil, leaf{}, err
+	}
+	return e, l, nil
+}
+
+// lookMounted is look for a path that must be a mount point: anything
+// else is ErrNotMounted.
+func lookMounted(ctx context.Context, path string) (*entry, leaf, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, leaf{}, err
+	}
+	e, l, err := look(path)
+	if err != nil {
+		return nil, leaf{}, err
+	}
+	if e == nil || !l.mountPoint {
+		if e != nil {
+			e.Close()
+		}
+		return nil, leaf{}, fmt.Errorf("%s: %w", path, ErrNotMounted)
+	}
+	return e, l, nil
 }
 
 // DeviceOf returns the device mounted at path; see Mounter. For a block
@@ -397,36 +256,22 @@ func (m *Linux) IsMounted(ctx context.Context, path string) (bool, error) {
 // seen through a bind mount) the device holding it, as /dev/<name>; for a
 // filesystem without a device (tmpfs, ...) the source the mount table shows.
 func (m *Linux) DeviceOf(ctx context.Context, path string) (string, error) {
-	mounted, err := m.IsMounted(ctx, path)
+	e, l, err := lookMounted(ctx, path)
 	if err != nil {
 		return "", err
 	}
-	if !mounted {
-		return "", fmt.Errorf("%s: %w", path, ErrNotMounted)
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return "", err
-	}
-	dev := stDev(fi)
-	if isBlock(fi) {
-		dev = rdev(fi)
+	defer e.Close()
+	dev := l.dev
+	if l.isBlock() {
+		dev = l.rdev
 	}
 	if name, ok := blockDeviceName(dev); ok {
 		return "/dev/" + name, nil
 	}
-	real, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return "", err
+	if mi := e.mountInfo(l); mi != nil {
+		return mi.Source, nil
 	}
-	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(real))
-	if err != nil {
-		return "", err
-	}
-	if len(mounts) == 0 {
-		return "", fmt.Errorf("%s: %w", path, ErrNotMounted)
-	}
-	return mounts[len(mounts)-1].Source, nil // the last is the top of the stack
+	return "", fmt.Errorf("%s: the mount table does not show what is mounted", path)
 }
 
 // blockDeviceName names the block device with number dev from sysfs.
@@ -473,26 +318,34 @@ func (m *Linux) DeviceSize(ctx context.Context, device string) (int64, error) {
 // filesystem's size grew. A filesystem mounted read-only cannot grow online:
 // (false, nil). path not mounted is ErrNotMounted; mounted from another
 // device, ErrBusy.
+//
+// xfs_growfs takes the mount point by name: path is checked, without
+// following a link, to be a mount point of device's filesystem just
+// before, and a mount point cannot be renamed or replaced while mounted.
 func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, error) {
 	if err := ValidatePaths(device, path); err != nil {
 		return false, err
 	}
-	mounted, err := m.IsMounted(ctx, path)
+	src, err := openSource(FilesystemMount, device)
 	if err != nil {
 		return false, err
 	}
-	if !mounted {
-		return false, fmt.Errorf("%s: %w", path, ErrNotMounted)
-	}
-	same, err := mountedFrom(device, path)
+	defer src.Close()
+	e, l, err := lookMounted(ctx, path)
 	if err != nil {
 		return false, err
 	}
-	if !same {
-		return false, fmt.Errorf("%s is not mounted from %s: %w", path, device, ErrBusy)
+	defer e.Close()
+	if !src.holds(l) {
+		return false, fmt.Errorf("%s is not mounted from %s (%s): %w", path, device, e.mounted(l), ErrBusy)
 	}
+	root, err := e.open(unix.O_PATH)
+	if err != nil {
+		return false, err
+	}
+	defer root.Close()
 	var before unix.Statfs_t
-	if err := unix.Statfs(path, &before); err != nil {
+	if err := unix.Fstatfs(int(root.Fd()), &before); err != nil {
 		return false, err
 	}
 	if before.Flags&unix.ST_RDONLY != 0 {
@@ -515,7 +368,7 @@ func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, 
 		}
 		grow = []string{"resize2fs", device}
 	case unix.XFS_SUPER_MAGIC:
-		grow = []string{"xfs_growfs", "-d", path}
+		grow = []string{"xfs_growfs", "-d", e.path}
 	default:
 		return false, fmt.Errorf("grow the filesystem at %s: csid grows ext3, ext4 and xfs, not filesystem type %#x", path, before.Type)
 	}
@@ -523,7 +376,7 @@ func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, 
 		return false, fmt.Errorf("grow the filesystem of %s at %s: %w", device, path, err)
 	}
 	var after unix.Statfs_t
-	if err := unix.Statfs(path, &after); err != nil {
+	if err := unix.Fstatfs(int(root.Fd()), &after); err != nil {
 		return false, err
 	}
 	return after.Blocks*uint64(after.Bsize) > before.Blocks*uint64(before.Bsize), nil
@@ -533,26 +386,30 @@ func (m *Linux) GrowFilesystem(ctx context.Context, device, path string) (bool, 
 // the block device mounted there; see Mounter. A path that is not a mount
 // point is ErrNotMounted (statfs would report the file system around it).
 func (m *Linux) Stats(ctx context.Context, path string) (Stats, error) {
-	mounted, err := m.IsMounted(ctx, path)
+	e, l, err := lookMounted(ctx, path)
 	if err != nil {
 		return Stats{}, err
 	}
-	if !mounted {
-		return Stats{}, fmt.Errorf("%s: %w", path, ErrNotMounted)
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return Stats{}, err
-	}
-	if isBlock(fi) {
-		size, err := m.DeviceSize(ctx, path)
+	defer e.Close()
+	if l.isBlock() {
+		f, err := e.open(unix.O_RDONLY)
+		if err != nil {
+			return Stats{}, err
+		}
+		defer f.Close()
+		size, err := f.Seek(0, io.SeekEnd)
 		if err != nil {
 			return Stats{}, err
 		}
 		return Stats{TotalBytes: size, Block: true}, nil
 	}
+	root, err := e.open(unix.O_PATH)
+	if err != nil {
+		return Stats{}, err
+	}
+	defer root.Close()
 	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
+	if err := unix.Fstatfs(int(root.Fd()), &st); err != nil {
 		return Stats{}, fmt.Errorf("statfs %s: %w", path, err)
 	}
 	bsize := int64(st.Bsize)
@@ -589,23 +446,6 @@ func (m *Linux) List(ctx context.Context) ([]MountPoint, error) {
 	return out, nil
 }
 
-// mountedFrom reports whether the filesystem mounted at target lives on
-// device (compared by device number, whatever the path names it).
-func mountedFrom(device, target string) (bool, error) {
-	dev, err := os.Stat(device)
-	if err != nil {
-		return false, err
-	}
-	if !isBlock(dev) {
-		return false, fmt.Errorf("%s is not a block device", device)
-	}
-	tgt, err := os.Stat(target)
-	if err != nil {
-		return false, err
-	}
-	return stDev(tgt) == rdev(dev), nil
-}
-
 // capable reports whether this process has capability c in its effective
 // set.
 func capable(c int) bool {
@@ -624,13 +464,6 @@ func isBlock(fi os.FileInfo) bool {
 func rdev(fi os.FileInfo) uint64 {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		return st.Rdev
-	}
-	return 0
-}
-
-func stDev(fi os.FileInfo) uint64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Dev
 	}
 	return 0
 }

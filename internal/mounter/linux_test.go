@@ -292,6 +292,7 @@ func TestBindMountPublishes(t *testing.T) {
 		t.Fatal(err)
 	}
 	rw, ro := sb.path("pods", "a", "mount"), sb.path("pods", "b", "mount")
+	mkdirs(t, filepath.Dir(rw), filepath.Dir(ro))
 	for range 2 { // the second time: already mounted, success
 		if err := m.BindMount(ctx, staging, rw, false); err != nil {
 			t.Fatal(err)
@@ -360,6 +361,8 @@ func TestBindMountDeviceForRawBlock(t *testing.T) {
 	ctx := context.Background()
 	dev := sb.device(16 * mib)
 	target := sb.path("pods", "a", "volumeDevices", "disk")
+	roTarget := sb.path("pods", "b", "volumeDevices", "disk")
+	mkdirs(t, filepath.Dir(target), filepath.Dir(roTarget))
 	for range 2 {
 		if err := m.BindMountDevice(ctx, dev, target, false); err != nil {
 			t.Fatal(err)
@@ -379,7 +382,6 @@ func TestBindMountDeviceForRawBlock(t *testing.T) {
 	if err := m.BindMountDevice(ctx, sb.device(16*mib), target, false); !errors.Is(err, ErrBusy) {
 		t.Fatalf("BindMountDevice of another device: %v, want ErrBusy", err)
 	}
-	roTarget := sb.path("pods", "b", "volumeDevices", "disk")
 	if err := m.BindMountDevice(ctx, dev, roTarget, true); err != nil {
 		t.Fatal(err)
 	}
@@ -534,6 +536,7 @@ func TestStatsAndList(t *testing.T) {
 	ctx := context.Background()
 	dev := sb.device(64 * mib)
 	target := sb.path("with space", "staging") // the mount table escapes spaces
+	mkdirs(t, filepath.Dir(target))
 	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -606,8 +609,9 @@ func TestUnmountNeverDeletesContent(t *testing.T) {
 	}
 }
 
-// Mounts stacked on one target all go; a symbolic link to a mount point is
-// removed, and what it points at stays mounted (csid does not follow it).
+// Mounts stacked on one target all go. A symbolic link to a mount point is
+// refused (ErrSymlink): the link stays, and so does the mount behind it
+// (csid does not follow it, nor report done while it is mounted).
 func TestUnmountStackedAndSymlinked(t *testing.T) {
 	testutil.RequireRoot(t)
 	sb := newSandbox(t)
@@ -636,11 +640,11 @@ func TestUnmountStackedAndSymlinked(t *testing.T) {
 	if err := os.Symlink(staging, link); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Unmount(ctx, link); err != nil {
-		t.Fatal(err)
+	if err := m.Unmount(ctx, link); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("Unmount of a link to a mount point: %v, want ErrSymlink", err)
 	}
-	if _, err := os.Lstat(link); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("Unmount left the link: %v", err)
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		t.Fatalf("Unmount changed the link: %v, %v", fi, err)
 	}
 	if mounted, err := m.IsMounted(ctx, staging); err != nil || !mounted {
 		t.Fatalf("the mount behind the link: mounted=%v, %v; want still mounted", mounted, err)
@@ -675,5 +679,14 @@ func TestUnmountOfATargetInUse(t *testing.T) {
 	holder.Close()
 	if err := m.Unmount(ctx, target); err != nil {
 		t.Fatalf("Unmount once the holder closed: %v", err)
+	}
+}
+
+func mkdirs(t testing.TB, dirs ...string) {
+	t.Helper()
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -32,7 +32,50 @@ var (
 	// file open inside it (or its current directory there). Transient:
 	// retry later.
 	ErrInUse = errors.New("target is in use")
+	// ErrSymlink: an element of a path is a symbolic link. csid follows
+	// none in the paths it is handed: the caller must name the real path.
+	ErrSymlink = errors.New("symbolic link in path")
+	// ErrPathConflict: what is at a path is in the way of what csid was
+	// asked to do there, and csid did not put it there: a directory with
+	// content where a mount would hide it, a file where a directory is
+	// needed (or the reverse), a missing parent directory. Nothing was
+	// changed.
+	ErrPathConflict = errors.New("path is in the way")
 )
+
+// MountKind is what a mount at a target is made from.
+type MountKind string
+
+// The kinds of mount csid makes.
+const (
+	// FilesystemMount is a device's filesystem mounted on a directory
+	// (FormatAndMount).
+	FilesystemMount MountKind = "filesystem"
+	// DirBind is a directory bind-mounted on a directory (BindMount).
+	DirBind MountKind = "bind"
+	// DeviceBind is a block device bind-mounted on a file
+	// (BindMountDevice).
+	DeviceBind MountKind = "device"
+)
+
+// Made is what one mount call makes at its target. A caller records it
+// durably before the call (Plan says what it will be), so that a failed
+// operation undoes exactly that with Undo, and never anything that was
+// there before.
+type Made struct {
+	Kind MountKind `json:"kind"`
+	// Source is the device (FilesystemMount, DeviceBind) or directory
+	// (DirBind) mounted.
+	Source string `json:"source"`
+	// Created: the call creates the target itself (the directory, or the
+	// file of a DeviceBind).
+	Created bool `json:"created,omitempty"`
+	// Mounted: the call mounts Source at the target.
+	Mounted bool `json:"mounted,omitempty"`
+}
+
+// Nothing reports whether the call makes nothing (its mount is there).
+func (m Made) Nothing() bool { return !m.Created && !m.Mounted }
 
 // Stats is the usage of a mounted filesystem (or, for a block device, only
 // its size in TotalBytes).
@@ -65,7 +108,30 @@ type MountPoint struct {
 }
 
 // Mounter is the host side of volume staging and publishing.
+//
+// The paths a CO hands csid (targets, staging paths, volume paths) are
+// used without following a symbolic link anywhere in them: one is
+// ErrSymlink, and nothing is done. A mount call creates its target, never
+// the target's parent directories (the CO creates those), and mounts only
+// on an empty directory (or, for a raw block device, an empty file): a
+// target with content, of the wrong kind, or mounted from anything else is
+// refused before anything is done (ErrPathConflict, ErrBusy).
 type Mounter interface {
+	// Plan says what mounting source at target as kind would make there
+	// (see Made), without making anything, and refuses what the mount call
+	// would refuse: target mounted from anything else, ErrBusy naming
+	// what is mounted; target in the way, ErrPathConflict; a link in
+	// target (or, for DirBind, in source), ErrSymlink. Already mounted
+	// from source: a Made that makes nothing.
+	Plan(ctx context.Context, kind MountKind, source, target string) (Made, error)
+	// Undo removes what made says a mount call made at target, and only
+	// that: the mount, if the top mount at target is still one of
+	// made.Source (anything else mounted there stays, and so does what is
+	// under it); then target itself, if made.Created and it is an empty
+	// directory or an empty file. A target that holds content csid did
+	// not write stays, and that is ErrPathConflict. Nothing at target:
+	// success.
+	Undo(ctx context.Context, target string, made Made) error
 	// FormatAndMount mounts device at target (a directory, created if
 	// missing) with filesystem fsType ("ext4" when empty) and options. The
 	// device is formatted first only if a successful probe finds it blank.
@@ -74,9 +140,10 @@ type Mounter interface {
 	// offline, unless the mount is read-only or the caller's GrowFilesystem
 	// can grow it online; an interrupted offline growth is repaired first);
 	// with another filesystem, ErrFormatMismatch. Already mounted there:
-	// success; target mounted from another device: ErrBusy. A ctx that ends
-	// while a host tool (mkfs, e2fsck, resize2fs) runs lets the tool finish;
-	// FormatAndMount then returns ctx's error before its next step.
+	// success; target mounted from anything else: ErrBusy; target in the
+	// way: ErrPathConflict. A ctx that ends while a host tool (mkfs,
+	// e2fsck, resize2fs, mount) runs lets the tool finish; FormatAndMount
+	// then returns ctx's error before its next step.
 	FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error
 	// BindMount bind-mounts the directory source onto target (created if
 	// missing), read-only if readOnly. Already bind-mounted: success.
@@ -84,8 +151,10 @@ type Mounter interface {
 	// BindMountDevice bind-mounts the block device onto target, a file it
 	// creates if missing (raw block volumes). Already mounted: success.
 	BindMountDevice(ctx context.Context, device, target string, readOnly bool) error
-	// Unmount unmounts target if it is mounted and removes it (directory or
-	// file). A target that does not exist is success.
+	// Unmount unmounts every mount stacked at target and removes target
+	// (an empty directory or a file). A target that does not exist is
+	// success; one that is no mount point and holds content stays, and
+	// that is an error.
 	Unmount(ctx context.Context, target string) error
 	// IsMounted reports whether path is a mount point. A path that does not
 	// exist is not mounted (no error).

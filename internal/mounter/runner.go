@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -78,10 +79,17 @@ var runningPoints = map[string]string{"resize2fs": crash.MounterResizeRunning}
 
 // run runs name with args to completion; see tools.
 func (t *tools) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return t.runWith(ctx, nil, name, args...)
+}
+
+// runWith is run with files as the program's descriptors 3, 4, ... (mount(8)
+// gets its target so, never by a path it could resolve otherwise).
+func (t *tools) runWith(ctx context.Context, files []*os.File, name string, args ...string) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%s not started: %w", name, err)
 	}
 	cmd := exec.Command(name, args...)
+	cmd.ExtraFiles = files
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	fail := func(err error) error {

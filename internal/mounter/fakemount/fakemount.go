@@ -7,7 +7,11 @@
 //
 // Targets are real: FormatAndMount and BindMount create the target
 // directory, BindMountDevice the target file, and Unmount removes them, so
-// a caller's "the target is gone" checks hold. Devices are not: any device
+// a caller's "the target is gone" checks hold; and they are looked at as
+// the real mounter looks at them (mounter.Lookup): a symbolic link in a
+// path, a target with content or of the wrong kind, a missing parent
+// directory, a real mount the fake did not make, are refused alike.
+// Devices are not: any device
 // path is accepted (the fake provider's /dev/csid-fake/...) and nothing is
 // ever opened there. What a caller writes into a mounted target is a plain
 // file in a plain directory: Stats counts it, and Unmount deletes it with
@@ -26,6 +30,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 
 	"github.com/csid-dev/csid/internal/mounter"
 )
@@ -121,6 +126,151 @@ var supported = []string{"ext4", "ext3", "xfs"}
 
 func isExt(fsType string) bool { return fsType == "ext4" || fsType == "ext3" }
 
+// kindOf is the mounter's name of a fake mount's kind.
+var kindOf = map[kind]mounter.MountKind{kindFS: mounter.FilesystemMount, kindBind: mounter.DirBind, kindDevice: mounter.DeviceBind}
+
+// holds reports whether mt is a mount of source as kind k.
+func (mt *mount) holds(k mounter.MountKind, source string) bool {
+	return kindOf[mt.kind] == k && mt.source == source
+}
+
+// plan is Plan under the lock.
+func (m *Mounter) plan(k mounter.MountKind, source, target string) (mounter.Made, error) {
+	made := mounter.Made{Kind: k, Source: source}
+	if mt, ok := m.mounts[target]; ok {
+		if mt.holds(k, source) {
+			return made, nil
+		}
+		return mounter.Made{}, fmt.Errorf("%s is a mount point of %s, not of %s: %w", target, mt.source, source, mounter.ErrBusy)
+	}
+	info, err := mounter.Lookup(target)
+	if errors.Is(err, fs.ErrNotExist) {
+		return mounter.Made{}, fmt.Errorf("the parent directory of %s does not exist: %w", target, mounter.ErrPathConflict)
+	}
+	switch {
+	case err != nil:
+		return mounter.Made{}, err
+	case info.MountPoint:
+		return mounter.Made{}, fmt.Errorf("%s is a mount point of %s, not of %s: %w", target, info.Mounted, source, mounter.ErrBusy)
+	case !info.Exists:
+		made.Created, made.Mounted = true, true
+		return made, nil
+	}
+	if err := info.Conflict(target, k); err != nil {
+		return mounter.Made{}, err
+	}
+	made.Mounted = true
+	return made, nil
+}
+
+// create makes the target a plan says to create: a directory, or the file
+// of a device.
+func create(made mounter.Made, target string) error {
+	if !made.Created {
+		return nil
+	}
+	if made.Kind != mounter.DeviceBind {
+		return os.Mkdir(target, 0o750)
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o640)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// Plan says what a mount would make at target; see mounter.Mounter.
+func (m *Mounter) Plan(ctx context.Context, k mounter.MountKind, source, target string) (mounter.Made, error) {
+	if err := mounter.ValidatePaths(source, target); err != nil {
+		return mounter.Made{}, err
+	}
+	if k == mounter.DirBind {
+		if err := checkSource(source); err != nil {
+			return mounter.Made{}, err
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.plan(k, source, target)
+}
+
+// Undo removes what a mount made at target, and only that; see
+// mounter.Mounter.
+func (m *Mounter) Undo(ctx context.Context, target string, made mounter.Made) error {
+	if made.Nothing() {
+		return nil
+	}
+	if err := mounter.ValidatePath(target); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mt, ok := m.mounts[target]; ok {
+		if !made.Mounted || !mt.holds(made.Kind, made.Source) {
+			return nil
+		}
+		if err := m.forget(target); err != nil {
+			return err
+		}
+	}
+	info, err := mounter.Lookup(target)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
+	case !info.Exists, info.MountPoint, !made.Created:
+		return nil
+	}
+	return remove(target, info)
+}
+
+// forget drops the fake mount at target and what was written into it (it
+// lived on the device); the target itself stays. The caller holds m.mu.
+func (m *Mounter) forget(target string) error {
+	delete(m.mounts, target)
+	entries, err := os.ReadDir(target)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return nil
+		}
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(target, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// remove removes a target that is an empty directory or an empty file, as
+// the real mounter does; anything else is ErrPathConflict.
+func remove(target string, info mounter.PathInfo) error {
+	if !info.Empty || (!info.Dir && !info.Regular) {
+		return fmt.Errorf("%s is not an empty directory or file; it is left in place: %w", target, mounter.ErrPathConflict)
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// checkSource checks the source of a bind mount as the real mounter does:
+// an existing directory, reached without a symbolic link.
+func checkSource(source string) error {
+	info, err := mounter.Lookup(source)
+	switch {
+	case err != nil:
+		return fmt.Errorf("bind mount source: %w", err)
+	case !info.Exists:
+		return fmt.Errorf("bind mount source %s: %w", source, fs.ErrNotExist)
+	case !info.Dir:
+		return fmt.Errorf("bind mount source %s is not a directory", source)
+	}
+	return nil
+}
+
 // FormatAndMount formats a blank device and mounts it; see mounter.Mounter.
 // Like the real one, it grows an ext3/ext4 filesystem smaller than its
 // device before a read-write mount.
@@ -136,11 +286,9 @@ func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType str
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if mt, ok := m.mounts[target]; ok {
-		if mt.kind == kindFS && mt.device == device {
-			return nil
-		}
-		return fmt.Errorf("%s is mounted, not from %s: %w", target, device, mounter.ErrBusy)
+	made, err := m.plan(mounter.FilesystemMount, device, target)
+	if err != nil || !made.Mounted {
+		return err
 	}
 	d, err := m.probe(device)
 	if err != nil {
@@ -160,7 +308,7 @@ func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType str
 	default:
 		return fmt.Errorf("%s holds %s, asked to mount %s: %w", device, d.fsType, fsType, mounter.ErrFormatMismatch)
 	}
-	if err := os.MkdirAll(target, 0o750); err != nil {
+	if err := create(made, target); err != nil {
 		return err
 	}
 	m.add(target, &mount{kind: kindFS, device: device, source: device, fsType: fsType, readOnly: readOnly, options: slices.Clone(options)})
@@ -180,23 +328,20 @@ func (m *Mounter) BindMount(ctx context.Context, source, target string, readOnly
 	if err := mounter.ValidatePaths(source, target); err != nil {
 		return err
 	}
-	fi, err := os.Stat(source)
-	if err != nil {
+	if err := checkSource(source); err != nil {
 		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("bind mount source %s is not a directory", source)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if mt, ok := m.mounts[target]; ok {
-		if mt.kind == kindBind && mt.source == source {
-			mt.readOnly = readOnly
-			return nil
-		}
-		return fmt.Errorf("%s is mounted, not from %s: %w", target, source, mounter.ErrBusy)
+	made, err := m.plan(mounter.DirBind, source, target)
+	if err != nil {
+		return err
 	}
-	if err := os.MkdirAll(target, 0o750); err != nil {
+	if !made.Mounted {
+		m.mounts[target].readOnly = readOnly
+		return nil
+	}
+	if err := create(made, target); err != nil {
 		return err
 	}
 	mt := &mount{kind: kindBind, source: source, readOnly: readOnly}
@@ -216,24 +361,17 @@ func (m *Mounter) BindMountDevice(ctx context.Context, device, target string, re
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if mt, ok := m.mounts[target]; ok {
-		if mt.kind == kindDevice && mt.device == device {
-			mt.readOnly = readOnly
-			return nil
-		}
-		return fmt.Errorf("%s is mounted, not from %s: %w", target, device, mounter.ErrBusy)
-	}
-	if fi, err := os.Stat(target); err == nil && fi.IsDir() {
-		return fmt.Errorf("target %s of a block device is a directory", target)
-	}
-	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
+	made, err := m.plan(mounter.DeviceBind, device, target)
 	if err != nil {
 		return err
 	}
-	f.Close()
+	if !made.Mounted {
+		m.mounts[target].readOnly = readOnly
+		return nil
+	}
+	if err := create(made, target); err != nil {
+		return err
+	}
 	m.dev(device)
 	m.add(target, &mount{kind: kindDevice, device: device, source: device, readOnly: readOnly})
 	return nil
@@ -248,29 +386,44 @@ func (m *Mounter) Unmount(ctx context.Context, target string) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, mounted := m.mounts[target]
-	delete(m.mounts, target)
-	var err error
-	if mounted {
-		err = os.RemoveAll(target)
-	} else {
-		err = os.Remove(target)
+	if _, ok := m.mounts[target]; ok {
+		if err := m.forget(target); err != nil {
+			return err
+		}
 	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	info, err := mounter.Lookup(target)
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, mounter.ErrPathConflict):
+		return nil
+	case err != nil:
+		return err
+	case !info.Exists:
+		return nil
+	}
+	if err := remove(target, info); err != nil {
 		return fmt.Errorf("remove %s after unmounting it: %w", target, err)
 	}
 	return nil
 }
 
-// IsMounted reports whether the fake mounted something at path.
+// IsMounted reports whether the fake mounted something at path (or
+// anything else is mounted there); a symbolic link in path is
+// mounter.ErrSymlink, as for the real one.
 func (m *Mounter) IsMounted(ctx context.Context, path string) (bool, error) {
 	if err := mounter.ValidatePath(path); err != nil {
 		return false, err
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	_, ok := m.mounts[path]
-	return ok, nil
+	m.mu.Unlock()
+	if ok {
+		return true, nil
+	}
+	info, err := mounter.Lookup(path)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, mounter.ErrPathConflict) {
+		return false, nil
+	}
+	return info.MountPoint, err
 }
 
 // DeviceOf returns the device behind the mount at path; see

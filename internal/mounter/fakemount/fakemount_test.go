@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -71,6 +72,10 @@ func TestConcurrentVolumes(t *testing.T) {
 			dev := fmt.Sprintf("/dev/csid-fake/disk-%d", i)
 			staging := filepath.Join(dir, fmt.Sprint(i), "staging")
 			target := filepath.Join(dir, fmt.Sprint(i), "target")
+			if err := os.Mkdir(filepath.Dir(target), 0o750); err != nil {
+				errs <- err
+				return
+			}
 			for range 20 {
 				for _, err := range []error{
 					m.FormatAndMount(ctx, dev, staging, "ext4", nil),

@@ -52,6 +52,10 @@ func Run(t *testing.T, needsRoot bool, newEnv func(t *testing.T) Env) {
 		{"NotMounted", testNotMounted},
 		{"InvalidPaths", testInvalidPaths},
 		{"UnmountKeepsContentItDidNotMount", testUnmountForeign},
+		{"SymlinksAreNeverFollowed", testSymlinks},
+		{"AnotherMountIsLeftAlone", testAnotherMount},
+		{"ContentIsNeverMountedOver", testContent},
+		{"UndoRemovesOnlyWhatWasMade", testPlanUndo},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,6 +74,13 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+func mkdirs(t *testing.T, dirs ...string) {
+	t.Helper()
+	for _, d := range dirs {
+		must(t, os.MkdirAll(d, 0o750))
 	}
 }
 
@@ -181,6 +192,7 @@ func testPublish(t *testing.T, e Env) {
 	staging := filepath.Join(e.Dir, "staging")
 	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
 	rw, ro := filepath.Join(e.Dir, "pods", "a", "mount"), filepath.Join(e.Dir, "pods", "b", "mount")
+	mkdirs(t, filepath.Dir(rw), filepath.Dir(ro))
 	for range 2 {
 		must(t, m.BindMount(ctx, staging, rw, false))
 		must(t, m.BindMount(ctx, staging, ro, true))
@@ -211,6 +223,7 @@ func testRawBlock(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 16*mib)
 	target := filepath.Join(e.Dir, "pods", "a", "volumeDevices", "disk")
+	mkdirs(t, filepath.Dir(target))
 	for range 2 {
 		must(t, m.BindMountDevice(ctx, dev, target, false))
 	}
@@ -228,6 +241,7 @@ func testRawBlock(t *testing.T, e Env) {
 		t.Fatalf("BindMountDevice of another device: %v, want ErrBusy", err)
 	}
 	ro := filepath.Join(e.Dir, "pods", "b", "volumeDevices", "disk")
+	mkdirs(t, filepath.Dir(ro))
 	must(t, m.BindMountDevice(ctx, dev, ro, true))
 	for _, p := range []string{target, ro} {
 		must(t, m.Unmount(ctx, p))
@@ -301,6 +315,8 @@ func testInvalidPaths(t *testing.T, e Env) {
 		_, errs["DeviceSize"] = m.DeviceSize(ctx, bad)
 		_, errs["GrowFilesystem"] = m.GrowFilesystem(ctx, good, bad)
 		_, errs["Stats"] = m.Stats(ctx, bad)
+		_, errs["Plan"] = m.Plan(ctx, mounter.DirBind, good, bad)
+		errs["Undo"] = m.Undo(ctx, bad, mounter.Made{Kind: mounter.DirBind, Source: good, Created: true, Mounted: true})
 		for name, err := range errs {
 			if !errors.Is(err, mounter.ErrInvalidPath) {
 				t.Errorf("%s(%q): %v, want ErrInvalidPath", name, bad, err)
@@ -320,4 +336,231 @@ func testUnmountForeign(t *testing.T, e Env) {
 	if _, err := os.Stat(filepath.Join(dir, "f")); err != nil {
 		t.Fatalf("Unmount touched content it did not mount: %v", err)
 	}
+}
+
+// snapshot describes what is under dir, to tell that a refused call changed
+// nothing: every entry's type, a file's content, a link's destination.
+func snapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			to, err := os.Readlink(p)
+			out[p] = "link to " + to
+			return err
+		case d.Type().IsRegular():
+			raw, err := os.ReadFile(p)
+			out[p] = "file " + string(raw)
+			return err
+		default:
+			out[p] = d.Type().String()
+		}
+		return nil
+	}))
+	return out
+}
+
+func unchanged(t *testing.T, what string, before, after map[string]string) {
+	t.Helper()
+	for p, b := range before {
+		if after[p] != b {
+			t.Errorf("%s changed %s: %q, was %q", what, p, after[p], b)
+		}
+	}
+	for p, a := range after {
+		if _, ok := before[p]; !ok {
+			t.Errorf("%s made %s (%s)", what, p, a)
+		}
+	}
+}
+
+// testSymlinks: a link as the target, as an element of the target's
+// parent, or as a bind mount's source is refused with ErrSymlink by every
+// method, and nothing is mounted or changed where the link points.
+func testSymlinks(t *testing.T, e Env) {
+	m := e.Mounter
+	dev := e.Device(t, 64*mib)
+	staging := filepath.Join(e.Dir, "staging")
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	defer func() { must(t, m.Unmount(ctx, staging)) }()
+	elsewhere := filepath.Join(e.Dir, "elsewhere")
+	mkdirs(t, filepath.Join(elsewhere, "empty"))
+	must(t, os.WriteFile(filepath.Join(elsewhere, "file"), nil, 0o600))
+	must(t, os.WriteFile(filepath.Join(elsewhere, "keep"), []byte("data"), 0o600))
+	must(t, os.Symlink(filepath.Join(elsewhere, "empty"), filepath.Join(e.Dir, "link-to-dir")))
+	must(t, os.Symlink(filepath.Join(elsewhere, "file"), filepath.Join(e.Dir, "link-to-file")))
+	must(t, os.Symlink(elsewhere, filepath.Join(e.Dir, "link-parent")))
+	must(t, os.Symlink(staging, filepath.Join(e.Dir, "link-to-staging")))
+	before := snapshot(t, e.Dir)
+	for _, link := range []string{"link-to-dir", "link-to-file", "link-parent/empty", "link-parent/new", "link-to-staging"} {
+		p := filepath.Join(e.Dir, link)
+		errs := map[string]error{
+			"FormatAndMount":  m.FormatAndMount(ctx, dev, p, "ext4", nil),
+			"BindMount":       m.BindMount(ctx, staging, p, false),
+			"BindMount from":  m.BindMount(ctx, p, filepath.Join(e.Dir, "target"), false),
+			"BindMountDevice": m.BindMountDevice(ctx, dev, p, false),
+			"Unmount":         m.Unmount(ctx, p),
+		}
+		_, errs["Plan"] = m.Plan(ctx, mounter.DirBind, staging, p)
+		_, errs["IsMounted"] = m.IsMounted(ctx, p)
+		for name, err := range errs {
+			if !errors.Is(err, mounter.ErrSymlink) {
+				t.Errorf("%s(%s): %v, want ErrSymlink", name, link, err)
+			}
+		}
+	}
+	unchanged(t, "calls on symbolic links", before, snapshot(t, e.Dir))
+	mounted(t, m, filepath.Join(elsewhere, "empty"), false)
+	mounted(t, m, staging, true)
+}
+
+// testAnotherMount: a target mounted from something else is refused with
+// ErrBusy, naming what is there; Undo of a mount that is not the one it
+// made leaves it mounted.
+func testAnotherMount(t *testing.T, e Env) {
+	m := e.Mounter
+	dev := e.Device(t, 64*mib)
+	staging := filepath.Join(e.Dir, "staging")
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	other := filepath.Join(e.Dir, "other")
+	mkdirs(t, other)
+	target := filepath.Join(e.Dir, "target")
+	must(t, m.BindMount(ctx, other, target, false))
+	must(t, os.WriteFile(filepath.Join(target, "theirs"), []byte("x"), 0o600))
+	errs := map[string]error{
+		"FormatAndMount":  m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil),
+		"BindMount":       m.BindMount(ctx, staging, target, false),
+		"BindMountDevice": m.BindMountDevice(ctx, dev, target, false),
+	}
+	_, errs["Plan"] = m.Plan(ctx, mounter.DirBind, staging, target)
+	for name, err := range errs {
+		if !errors.Is(err, mounter.ErrBusy) {
+			t.Errorf("%s onto another mount: %v, want ErrBusy", name, err)
+		}
+	}
+	for _, kind := range []mounter.MountKind{mounter.DirBind, mounter.FilesystemMount} {
+		src := staging
+		if kind == mounter.FilesystemMount {
+			src = dev
+		}
+		must(t, m.Undo(ctx, target, mounter.Made{Kind: kind, Source: src, Created: true, Mounted: true}))
+		mounted(t, m, target, true)
+	}
+	if _, err := os.Stat(filepath.Join(target, "theirs")); err != nil {
+		t.Fatalf("the other mount lost its content: %v", err)
+	}
+	must(t, m.Unmount(ctx, target))
+	must(t, m.Unmount(ctx, staging))
+}
+
+// testContent: a mount is never made over content or on the wrong kind of
+// file, nor where the target's parent is missing (csid creates targets,
+// never their parents); each is ErrPathConflict and changes nothing.
+func testContent(t *testing.T, e Env) {
+	m := e.Mounter
+	dev := e.Device(t, 64*mib)
+	staging := filepath.Join(e.Dir, "staging")
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	defer func() { must(t, m.Unmount(ctx, staging)) }()
+	full := filepath.Join(e.Dir, "full")
+	mkdirs(t, full, filepath.Join(e.Dir, "emptydir"))
+	must(t, os.WriteFile(filepath.Join(full, "data"), []byte("keep"), 0o600))
+	must(t, os.WriteFile(filepath.Join(e.Dir, "file"), []byte("keep"), 0o600))
+	must(t, os.WriteFile(filepath.Join(e.Dir, "emptyfile"), nil, 0o600))
+	before := snapshot(t, e.Dir)
+	cases := []struct {
+		name string
+		kind mounter.MountKind
+		path string
+	}{
+		{"filesystem on a directory with content", mounter.FilesystemMount, full},
+		{"filesystem on a file", mounter.FilesystemMount, filepath.Join(e.Dir, "emptyfile")},
+		{"bind on a directory with content", mounter.DirBind, full},
+		{"bind on a file", mounter.DirBind, filepath.Join(e.Dir, "file")},
+		{"device on a directory", mounter.DeviceBind, filepath.Join(e.Dir, "emptydir")},
+		{"device on a file with content", mounter.DeviceBind, filepath.Join(e.Dir, "file")},
+		{"filesystem without a parent", mounter.FilesystemMount, filepath.Join(e.Dir, "no", "staging")},
+		{"bind without a parent", mounter.DirBind, filepath.Join(e.Dir, "no", "target")},
+		{"device without a parent", mounter.DeviceBind, filepath.Join(e.Dir, "no", "disk")},
+	}
+	for _, c := range cases {
+		src := dev
+		var err error
+		switch c.kind {
+		case mounter.FilesystemMount:
+			err = m.FormatAndMount(ctx, dev, c.path, "ext4", nil)
+		case mounter.DirBind:
+			src, err = staging, m.BindMount(ctx, staging, c.path, false)
+		case mounter.DeviceBind:
+			err = m.BindMountDevice(ctx, dev, c.path, false)
+		}
+		if !errors.Is(err, mounter.ErrPathConflict) {
+			t.Errorf("%s: %v, want ErrPathConflict", c.name, err)
+		}
+		if _, err := m.Plan(ctx, c.kind, src, c.path); !errors.Is(err, mounter.ErrPathConflict) {
+			t.Errorf("Plan of %s: %v, want ErrPathConflict", c.name, err)
+		}
+		mounted(t, m, c.path, false)
+	}
+	unchanged(t, "refused mounts", before, snapshot(t, e.Dir))
+}
+
+// testPlanUndo: Plan says what a mount will make; Undo removes that and
+// nothing else: a target that existed stays, content written since stays
+// (and is an error), and an Undo repeated after it is done succeeds.
+func testPlanUndo(t *testing.T, e Env) {
+	m := e.Mounter
+	dev := e.Device(t, 64*mib)
+	staging := filepath.Join(e.Dir, "staging")
+	made, err := m.Plan(ctx, mounter.FilesystemMount, dev, staging)
+	must(t, err)
+	if want := (mounter.Made{Kind: mounter.FilesystemMount, Source: dev, Created: true, Mounted: true}); made != want {
+		t.Fatalf("Plan of a new staging = %+v, want %+v", made, want)
+	}
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	if again, err := m.Plan(ctx, mounter.FilesystemMount, dev, staging); err != nil || !again.Nothing() {
+		t.Fatalf("Plan once mounted = %+v, %v; want nothing to make", again, err)
+	}
+	// A target that existed (empty): Undo unmounts, and leaves the directory.
+	existing := filepath.Join(e.Dir, "existing")
+	mkdirs(t, existing)
+	made, err = m.Plan(ctx, mounter.DirBind, staging, existing)
+	must(t, err)
+	if made.Created || !made.Mounted {
+		t.Fatalf("Plan of an existing empty target = %+v, want mounted, not created", made)
+	}
+	must(t, m.BindMount(ctx, staging, existing, false))
+	for range 2 {
+		must(t, m.Undo(ctx, existing, made))
+	}
+	mounted(t, m, existing, false)
+	if fi, err := os.Stat(existing); err != nil || !fi.IsDir() {
+		t.Fatalf("Undo removed a target it did not create: %v, %v", fi, err)
+	}
+	// A raw block target it created goes with its mount.
+	disk := filepath.Join(e.Dir, "disk")
+	made, err = m.Plan(ctx, mounter.DeviceBind, dev, disk)
+	must(t, err)
+	must(t, m.BindMountDevice(ctx, dev, disk, false))
+	must(t, m.Undo(ctx, disk, made))
+	gone(t, disk)
+	// A directory it created, into which someone wrote: stays, an error.
+	created := filepath.Join(e.Dir, "created")
+	made = mounter.Made{Kind: mounter.DirBind, Source: staging, Created: true, Mounted: true}
+	mkdirs(t, created)
+	must(t, os.WriteFile(filepath.Join(created, "later"), []byte("x"), 0o600))
+	if err := m.Undo(ctx, created, made); !errors.Is(err, mounter.ErrPathConflict) {
+		t.Fatalf("Undo of a created directory with content: %v, want ErrPathConflict", err)
+	}
+	if _, err := os.Stat(filepath.Join(created, "later")); err != nil {
+		t.Fatalf("Undo removed content: %v", err)
+	}
+	// The staging it made: unmounted and removed.
+	made = mounter.Made{Kind: mounter.FilesystemMount, Source: dev, Created: true, Mounted: true}
+	must(t, m.Undo(ctx, staging, made))
+	gone(t, staging)
 }
