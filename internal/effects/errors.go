@@ -47,8 +47,10 @@ var kindTable = []struct {
 	{cloud.ErrLimitReached, ops.Exhausted},
 	{cloud.ErrInvalid, ops.Invalid},
 	{mounter.ErrInvalidPath, ops.Invalid},
+	{mounter.ErrSymlink, ops.Invalid},
 	{mounter.ErrFormatMismatch, ops.Conflict},
 	{mounter.ErrBusy, ops.Conflict},
+	{mounter.ErrPathConflict, ops.Conflict},
 	{mounter.ErrNotMounted, ops.NotFound},
 	{mounter.ErrProbeFailed, ops.Internal},
 }

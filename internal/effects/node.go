@@ -2,6 +2,7 @@ package effects
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -60,6 +61,45 @@ func (n *Node) device(ctx context.Context, v store.Volume, publishContext map[st
 	return dev, err
 }
 
+// checkpointMade is the checkpoint of a node op that names what its mount
+// makes (a mounter.Made, as JSON), written before anything is made.
+const checkpointMade = "made"
+
+// record says what the op's mount of source at target will make there
+// (mounter.Plan), and records it durably before anything is made: one
+// checkpoint, so that a failed op undoes exactly that (undo), also after a
+// restart. A resumed op reads back what its first run recorded. A target
+// csid may not mount on (another mount, content, a symbolic link) is
+// refused here, and nothing is recorded or made.
+func (n *Node) record(ctx context.Context, x *ops.Exec, kind mounter.MountKind, source, target string) error {
+	if _, ok := x.Checkpointed(checkpointMade); ok {
+		return nil
+	}
+	made, err := n.Mounter.Plan(ctx, kind, source, target)
+	if err != nil || made.Nothing() {
+		return err
+	}
+	raw, err := json.Marshal(made)
+	if err != nil {
+		return err
+	}
+	return x.Checkpoint(checkpointMade, string(raw))
+}
+
+// undo removes what the op recorded it would make at target, and nothing
+// else: an op that recorded nothing made nothing.
+func (n *Node) undo(ctx context.Context, x *ops.Exec, target string) error {
+	raw, ok := x.Checkpointed(checkpointMade)
+	if !ok {
+		return nil
+	}
+	var made mounter.Made
+	if err := json.Unmarshal([]byte(raw), &made); err != nil {
+		return fmt.Errorf("op %d: checkpoint %s: %w", x.Op.Seq, checkpointMade, err)
+	}
+	return n.Mounter.Undo(ctx, target, made)
+}
+
 type stageExec struct{ n *Node }
 
 // Execute stages a volume: a mount volume's device is formatted if (and only
@@ -88,6 +128,9 @@ func (e stageExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error)
 		fsType = DefaultFsType
 	}
 	m := e.n.Mounter
+	if err := e.n.record(ctx, x, mounter.FilesystemMount, dev, a.StagingPath); err != nil {
+		return ops.Result{}, fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
+	}
 	// The mounter logs a format through the context's logger: only its own
 	// probe knows the device is blank.
 	if err := m.FormatAndMount(x.Log.WithContext(ctx), dev, a.StagingPath, fsType, a.Capability.MountFlags); err != nil {
@@ -102,17 +145,15 @@ func (e stageExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error)
 	return ops.Result{Device: dev, CapacityBytes: size}, nil
 }
 
-// Compensate unmounts what a failed stage may have mounted. It never
-// undoes a format: data, once written, is the user's.
+// Compensate undoes what a failed stage recorded it made at the staging
+// path (its mount, and the directory if it created it), nothing else. It
+// never undoes a format: data, once written, is the user's.
 func (e stageExec) Compensate(ctx context.Context, x *ops.Exec) error {
 	a, err := ops.DecodeArgs[ops.NodeStageArgs](x.Op)
 	if err != nil {
 		return err
 	}
-	if a.Capability.AccessType == "block" {
-		return nil
-	}
-	return e.n.Mounter.Unmount(ctx, a.StagingPath)
+	return e.n.undo(ctx, x, a.StagingPath)
 }
 
 type unstageExec struct{ n *Node }
@@ -122,18 +163,15 @@ func (e unstageExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, erro
 	if err != nil {
 		return ops.Result{}, err
 	}
-	if x.Volume.Capability.AccessType == "block" && !mounted(ctx, e.n.Mounter, a.StagingPath) {
+	if x.Volume.Capability.AccessType == "block" {
+		// A raw block volume's staging path is kubelet's directory, never
+		// csid's mount: nothing to undo there.
 		return ops.Result{}, nil
 	}
 	return ops.Result{}, e.n.Mounter.Unmount(ctx, a.StagingPath)
 }
 
 func (unstageExec) Compensate(context.Context, *ops.Exec) error { return nil }
-
-func mounted(ctx context.Context, m mounter.Mounter, path string) bool {
-	ok, err := m.IsMounted(ctx, path)
-	return err == nil && ok
-}
 
 type nodePublishExec struct{ n *Node }
 
@@ -144,31 +182,45 @@ func (e nodePublishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, 
 	if err != nil {
 		return ops.Result{}, err
 	}
+	m := e.n.Mounter
 	if a.Capability.AccessType == "block" {
-		dev := ""
-		if x.Volume.Stage != nil {
-			dev = x.Volume.Stage.Device
+		dev, err := e.n.publishDevice(ctx, x.Volume)
+		if err != nil {
+			return ops.Result{}, err
 		}
-		if dev == "" {
-			if dev, err = e.n.device(ctx, x.Volume, nil); err != nil {
-				return ops.Result{}, err
-			}
+		if err := e.n.record(ctx, x, mounter.DeviceBind, dev, a.TargetPath); err != nil {
+			return ops.Result{}, err
 		}
-		return ops.Result{}, e.n.Mounter.BindMountDevice(ctx, dev, a.TargetPath, a.ReadOnly)
+		return ops.Result{}, m.BindMountDevice(ctx, dev, a.TargetPath, a.ReadOnly)
 	}
-	if !mounted(ctx, e.n.Mounter, a.StagingPath) {
+	if ok, err := m.IsMounted(ctx, a.StagingPath); err != nil {
+		return ops.Result{}, err
+	} else if !ok {
 		return ops.Result{}, ops.Errorf(ops.Conflict, "volume %s is not mounted at its staging path %s", x.Op.VolumeID, a.StagingPath)
 	}
-	return ops.Result{}, e.n.Mounter.BindMount(ctx, a.StagingPath, a.TargetPath, a.ReadOnly)
+	if err := e.n.record(ctx, x, mounter.DirBind, a.StagingPath, a.TargetPath); err != nil {
+		return ops.Result{}, err
+	}
+	return ops.Result{}, m.BindMount(ctx, a.StagingPath, a.TargetPath, a.ReadOnly)
 }
 
-// Compensate unmounts and removes the target a failed publish may have left.
+// publishDevice is the device a raw block volume's publish binds: the one
+// its stage found, or the disk's device on this node.
+func (n *Node) publishDevice(ctx context.Context, v store.Volume) (string, error) {
+	if v.Stage != nil && v.Stage.Device != "" {
+		return v.Stage.Device, nil
+	}
+	return n.device(ctx, v, nil)
+}
+
+// Compensate undoes what a failed publish recorded it made at the target
+// (its mount, and the directory or file if it created it), nothing else.
 func (e nodePublishExec) Compensate(ctx context.Context, x *ops.Exec) error {
 	a, err := ops.DecodeArgs[ops.NodePublishArgs](x.Op)
 	if err != nil {
 		return err
 	}
-	return e.n.Mounter.Unmount(ctx, a.TargetPath)
+	return e.n.undo(ctx, x, a.TargetPath)
 }
 
 type nodeUnpublishExec struct{ n *Node }
