@@ -13,6 +13,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/ops"
@@ -96,6 +97,12 @@ type Config struct {
 	// Topology: the backend has zones; csid advertises
 	// VOLUME_ACCESSIBILITY_CONSTRAINTS.
 	Topology bool
+	// KubeletRoot, when set, is kubelet's root directory: every staging,
+	// target and volume path of a node request must lie under it
+	// (InvalidArgument otherwise). Empty: any absolute path (all-in-one,
+	// the sanity suite). Either way no symbolic link in a path is ever
+	// followed (the mounter refuses them).
+	KubeletRoot string
 }
 
 // Driver implements the CSI services.
@@ -122,6 +129,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.Mode != ModeController && cfg.Node == nil {
 		return nil, fmt.Errorf("mode %s needs a node backend", cfg.Mode)
+	}
+	if r := cfg.KubeletRoot; r != "" && (!filepath.IsAbs(r) || filepath.Clean(r) != r || r == "/") {
+		return nil, fmt.Errorf("kubelet root %q: want an absolute, clean path other than /", r)
 	}
 	return &Driver{cfg: cfg}, nil
 }

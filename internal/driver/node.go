@@ -47,7 +47,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err := required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	if err := checkPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+	if err := d.nodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	c, err := capability(req.GetVolumeCapability(), codes.FailedPrecondition)
@@ -70,7 +70,7 @@ func (d *Driver) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	if err := required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	if err := checkPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+	if err := d.nodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	if !knownVolumeID(req.GetVolumeId()) {
@@ -89,7 +89,7 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err := required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	if err := checkPath("target_path", req.GetTargetPath()); err != nil {
+	if err := d.nodePath("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
 	c, err := capability(req.GetVolumeCapability(), codes.FailedPrecondition)
@@ -99,7 +99,10 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if req.GetStagingTargetPath() == "" {
 		return nil, status.Error(codes.FailedPrecondition, "staging_target_path is required: csid stages volumes (STAGE_UNSTAGE_VOLUME)")
 	}
-	if err := checkPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+	if err := d.nodePath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	if err := separatePaths(req.GetTargetPath(), req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	if !knownVolumeID(req.GetVolumeId()) {
@@ -119,7 +122,7 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if err := required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	if err := checkPath("target_path", req.GetTargetPath()); err != nil {
+	if err := d.nodePath("target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
 	if !knownVolumeID(req.GetVolumeId()) {

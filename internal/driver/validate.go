@@ -89,6 +89,43 @@ func checkPath(field, p string) error {
 	return nil
 }
 
+// nodePath validates a path of a node request (checkPath) and, when csid
+// knows kubelet's root, that it lies under it: csid acts on kubelet's
+// paths only.
+func (d *Driver) nodePath(field, p string) error {
+	if err := checkPath(field, p); err != nil {
+		return err
+	}
+	if root := d.cfg.KubeletRoot; root != "" && !within(root, p) {
+		return invalid("%s %q is outside kubelet's directory %s: csid acts only on paths under it (--kubelet-root)", field, p, root)
+	}
+	return nil
+}
+
+// within reports whether path p lies inside directory dir (not dir
+// itself); both are absolute, without ".." elements.
+func within(dir, p string) bool {
+	dir, p = filepath.Clean(dir), filepath.Clean(p)
+	return p != dir && strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// separatePaths refuses a publish whose target is its staging path, or
+// lies inside it, or holds it: the bind mount would cover the staging mount
+// (and NodeUnpublishVolume would then unmount and remove the staging), or
+// land inside the user's filesystem.
+func separatePaths(target, staging string) error {
+	t, s := filepath.Clean(target), filepath.Clean(staging)
+	switch {
+	case t == s:
+		return invalid("target_path and staging_target_path are both %s: a volume is published at a path of its own, not where it is staged", t)
+	case within(s, t):
+		return invalid("target_path %s lies inside staging_target_path %s", t, s)
+	case within(t, s):
+		return invalid("staging_target_path %s lies inside target_path %s", s, t)
+	}
+	return nil
+}
+
 func mapBytes(m map[string]string) int {
 	n := 0
 	for k, v := range m {
