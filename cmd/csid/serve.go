@@ -59,6 +59,12 @@ one --mode node per node (see docs/deploy.md).`,
 			if o.Endpoint == "" {
 				o.Endpoint = "unix://" + filepath.Join(o.StateDir, "csi.sock")
 			}
+			if o.KubeletRoot != "" {
+				if !filepath.IsAbs(o.KubeletRoot) {
+					return fmt.Errorf("--kubelet-root %q: want an absolute path", o.KubeletRoot)
+				}
+				o.KubeletRoot = filepath.Clean(o.KubeletRoot)
+			}
 			if err := app.Run(cmd.Context(), o); err != nil {
 				return fmt.Errorf("serve: %w", err)
 			}
@@ -69,6 +75,7 @@ one --mode node per node (see docs/deploy.md).`,
 	f.StringVar(&mode, "mode", string(driver.ModeAll), "services to serve: all, controller or node")
 	f.StringVar(&o.Endpoint, "endpoint", "", "CSI socket, unix:///path or /path (default <state-dir>/csi.sock)")
 	f.StringVar(&o.StateDir, "state-dir", "csid-data", "directory of the state file (and of the local backend's disks)")
+	f.StringVar(&o.KubeletRoot, "kubelet-root", "", "kubelet's root directory: node requests for paths outside it are refused (empty: any absolute path, as all-in-one and the sanity suite need; no symbolic link is ever followed either way)")
 	f.StringVar(&o.AdminSocket, "admin-socket", "", "read-only admin socket of csid inspect and check, mode 0600 (default <state-dir>/admin-<mode>.sock)")
 	f.StringVar(&o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices) or fake (in memory, for load tests)")
 	f.StringVar(&o.NodeID, "node-id", "", "this node's id (default: the hostname)")

@@ -78,6 +78,10 @@ type Options struct {
 	// empty); MetricsListener, if set, is used instead (tests).
 	MetricsAddress  string
 	MetricsListener net.Listener
+	// KubeletRoot is kubelet's root directory: node requests for paths
+	// outside it are refused ("": any absolute path; see
+	// driver.Config.KubeletRoot).
+	KubeletRoot string
 }
 
 // Defaults of Options.
@@ -119,6 +123,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -169,7 +174,7 @@ func Run(ctx context.Context, o Options) error {
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
 		Controller: controllerBackend{p.cloud}, Node: nodeBackend{cloud: p.cloud, mounter: p.mounter, nodeID: o.NodeID},
-		Topology: len(p.cloud.Zones()) > 0})
+		Topology: len(p.cloud.Zones()) > 0, KubeletRoot: o.KubeletRoot})
 	if err != nil {
 		return err
 	}
