@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 
 func newServe() *cobra.Command {
 	var o app.Options
-	var mode, logFormat, logLevel, crashAt string
+	var mode, logFormat, logLevel, crashAt, socketMode string
 	var deadlines map[string]string
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -59,6 +60,11 @@ one --mode node per node (see docs/deploy.md).`,
 			if o.Endpoint == "" {
 				o.Endpoint = "unix://" + filepath.Join(o.StateDir, "csi.sock")
 			}
+			perm, err := strconv.ParseUint(socketMode, 8, 32)
+			if err != nil || perm > 0o777 || perm == 0 {
+				return fmt.Errorf("--socket-mode %q: want octal permission bits, such as 0660", socketMode)
+			}
+			o.SocketMode = os.FileMode(perm)
 			if o.KubeletRoot != "" {
 				if !filepath.IsAbs(o.KubeletRoot) {
 					return fmt.Errorf("--kubelet-root %q: want an absolute path", o.KubeletRoot)
@@ -75,6 +81,8 @@ one --mode node per node (see docs/deploy.md).`,
 	f.StringVar(&mode, "mode", string(driver.ModeAll), "services to serve: all, controller or node")
 	f.StringVar(&o.Endpoint, "endpoint", "", "CSI socket, unix:///path or /path (default <state-dir>/csi.sock)")
 	f.StringVar(&o.StateDir, "state-dir", "csid-data", "directory of the state file (and of the local backend's disks)")
+	f.StringVar(&socketMode, "socket-mode", "0660", "permission bits of the CSI socket, whatever the umask (directories csid creates for it get the matching search bits)")
+	f.StringVar(&o.SocketOwner, "socket-owner", "", "owner of the CSI socket and of the directories csid creates for it, user[:group] by name or number (default: csid's own)")
 	f.StringVar(&o.KubeletRoot, "kubelet-root", "", "kubelet's root directory: node requests for paths outside it are refused (empty: any absolute path, as all-in-one and the sanity suite need; no symbolic link is ever followed either way)")
 	f.StringVar(&o.AdminSocket, "admin-socket", "", "read-only admin socket of csid inspect and check, mode 0600 (default <state-dir>/admin-<mode>.sock)")
 	f.StringVar(&o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices) or fake (in memory, for load tests)")

@@ -36,7 +36,7 @@ func serveAdmin(o Options, st *store.Store, log zerolog.Logger) (stop func(), er
 	if err != nil {
 		return nil, fmt.Errorf("--admin-socket: %w", err)
 	}
-	lis, err := listenUnix(path, 0o600)
+	lis, err := listenUnix(path, SocketPerm{Mode: 0o600, UID: -1, GID: -1})
 	if err != nil {
 		return nil, fmt.Errorf("admin socket: %w (choose another with --admin-socket)", err)
 	}

@@ -78,6 +78,12 @@ type Options struct {
 	// empty); MetricsListener, if set, is used instead (tests).
 	MetricsAddress  string
 	MetricsListener net.Listener
+	// SocketMode is the CSI socket's mode (default DefaultSocketMode),
+	// whatever the umask; SocketOwner its owner, "user[:group]" by name or
+	// number ("" keeps csid's own). Directories csid creates for the
+	// socket get the same owner.
+	SocketMode  os.FileMode
+	SocketOwner string
 	// KubeletRoot is kubelet's root directory: node requests for paths
 	// outside it are refused ("": any absolute path; see
 	// driver.Config.KubeletRoot).
@@ -123,7 +129,16 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-
+	perm := SocketPerm{Mode: o.SocketMode}
+	if perm.Mode == 0 {
+		perm.Mode = DefaultSocketMode
+	}
+	if perm.Mode&^os.ModePerm != 0 {
+		return fmt.Errorf("socket mode %v: want permission bits only", o.SocketMode)
+	}
+	if perm.UID, perm.GID, err = ParseOwner(o.SocketOwner); err != nil {
+		return fmt.Errorf("socket owner: %w", err)
+	}
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
@@ -184,7 +199,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer ob.stop()
-	lis, err := listenUnix(sock, 0)
+	lis, err := listenUnix(sock, perm)
 	if err != nil {
 		return err
 	}
