@@ -818,7 +818,11 @@ func checkNode(r reporter, b *bundle, d *appsv1.DaemonSet, driver *storagev1.CSI
 		}
 	}
 
-	// kubelet's directory, at the same path, Bidirectional.
+	// kubelet's directory, at the same path, Bidirectional, and csid
+	// confined to it.
+	if v, ok := f.get(r, at+": csid", "kubelet-root"); ok && path.Clean(v) != kubeletRoot {
+		r.Errorf("%s: csid --kubelet-root=%s, but kubelet's directory is %s", at, v, kubeletRoot)
+	}
 	km := mountFor(csid, kubeletRoot+"/pods")
 	if km == nil || path.Clean(km.MountPath) != kubeletRoot {
 		r.Errorf("%s: csid must mount the kubelet directory at %s", at, kubeletRoot)
@@ -1422,6 +1426,11 @@ func TestManifestsCatchBreakage(t *testing.T) {
 			name:      "CSIDriver renamed",
 			edits:     []edit{{"base/csidriver.yaml", "name: csid.csi.dev", "name: csid.example.com"}},
 			wantError: `CSIDriver "csid.example.com", want csid's default driver name "csid.csi.dev"`,
+		},
+		{
+			name:      "node plugin not confined to kubelet's directory",
+			edits:     []edit{{"base/node.yaml", "            - --kubelet-root=/var/lib/kubelet\n", ""}},
+			wantError: "flag --kubelet-root missing",
 		},
 		{
 			name:      "liveness ports clash",
