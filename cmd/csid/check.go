@@ -26,7 +26,10 @@ those named with --socket, or the state files of stopped csids with --db
 (read-only; repeat the flags for several); the local backend's disks in
 --state-dir (read-only, without its lock); the loop devices bound to those
 disks; and the mount table, where it looks at the mounts kubelet made for
-csid (under --kubelet-root) and those of csid's devices and recorded paths.
+the csids it read (in the kubelet directory each csid says it works in,
+for its driver name; --kubelet-root and --driver-name for a state file),
+and those of csid's devices and recorded paths. Mounts in another kubelet
+directory, or for another driver, are not csid's and are not compared.
 
 Findings: disk-without-volume, volume-without-disk, attachment-unknown,
 attachment-missing, loop-device-unaccounted, mount-unaccounted,
@@ -52,8 +55,10 @@ type checkDoc struct {
 	// Cloud is the local backend's state directory read ("" when none).
 	Cloud string `json:"cloud,omitempty"`
 	// HostNodes are the nodes whose devices and mounts are on this host.
-	HostNodes   []string `json:"hostNodes"`
-	KubeletRoot string   `json:"kubeletRoot,omitempty"`
+	HostNodes []string `json:"hostNodes"`
+	// Kubelets are the kubelet directories of the csids read, whose
+	// mounts were compared.
+	Kubelets []check.Kubelet `json:"kubelets"`
 	check.Report
 }
 
@@ -102,10 +107,14 @@ func newCheck() *cobra.Command {
 			}
 
 			s := check.Sources{DriverName: driverName, KubeletRoot: kubeletRoot}
-			doc := checkDoc{KubeletRoot: kubeletRoot}
+			doc := checkDoc{}
 			var nodes []string
 			for _, src := range srcs {
-				s.Records = append(s.Records, check.RecordSource{Name: src.what, Mode: string(src.mode), Source: src})
+				rs := check.RecordSource{Name: src.what, Mode: string(src.mode), Source: src}
+				if src.info.DriverName != "" { // a live csid says where kubelet keeps its volumes
+					rs.Kubelet = &check.Kubelet{DriverName: src.info.DriverName, Root: src.info.KubeletRoot}
+				}
+				s.Records = append(s.Records, rs)
 				doc.Records = append(doc.Records, check.Store{Name: src.what, Mode: string(src.mode)})
 				if src.mode != driver.ModeController && src.info.NodeID != "" {
 					nodes = append(nodes, src.info.NodeID)
@@ -139,18 +148,12 @@ func newCheck() *cobra.Command {
 			nodes = slices.Compact(nodes)
 			s.HostNodes, doc.HostNodes = nodes, nodes
 			s.Mounts = mounter.New()
-			if kubeletRoot != "" {
-				if _, err := os.Stat(kubeletRoot); err != nil {
-					s.Notes = append(s.Notes, fmt.Sprintf("kubelet's root %s is not here (%v): its directories were not searched for stray mounts; "+
-						"csid's recorded paths and the mounts of its devices were compared (in Kubernetes, run csid check in the node plugin's pod)", kubeletRoot, errors.Unwrap(err)))
-					s.KubeletRoot, doc.KubeletRoot = "", ""
-				}
-			}
 
 			in, err := check.Gather(ctx, s)
 			if err != nil {
 				return err
 			}
+			doc.Kubelets = in.Kubelets
 			doc.Report = check.Compare(in)
 			w := cmd.OutOrStdout()
 			if err := render(w, output, doc, func(w io.Writer) error { return printCheck(w, doc) }); err != nil {
@@ -167,9 +170,9 @@ func newCheck() *cobra.Command {
 	f.StringArrayVar(&sockets, "socket", nil, "admin socket of a running csid (repeatable; default: every one that answers in --state-dir)")
 	f.StringArrayVar(&dbs, "db", nil, "state file of a stopped csid, opened read-only (repeatable)")
 	f.StringVar(&stateDir, "state-dir", "csid-data", "csid's state directory: its admin sockets, and the local backend's disks")
-	f.StringVar(&kubeletRoot, "kubelet-root", "/var/lib/kubelet", "kubelet's root directory (\"\": no kubelet, compare csid's recorded paths only)")
+	f.StringVar(&kubeletRoot, "kubelet-root", "/var/lib/kubelet", "kubelet's root directory for records whose csid does not say its own (state files; a running csid says; \"\": no kubelet, compare csid's recorded paths only)")
 	f.StringVar(&nodeID, "node-id", "", "the node this host is (default: the node of the csid read, and the local backend's nodes)")
-	f.StringVar(&driverName, "driver-name", driver.DefaultName, "csid's CSI driver name, as in kubelet's directories")
+	f.StringVar(&driverName, "driver-name", driver.DefaultName, "csid's CSI driver name, as in kubelet's directories, for records whose csid does not say its own (state files)")
 	f.StringVarP(&output, "output", "o", outTable, "output format: table, json or yaml")
 	_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletion(outputs...))
 	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
@@ -189,11 +192,19 @@ func printCheck(w io.Writer, d checkDoc) error {
 	if d.Cloud != "" {
 		fmt.Fprintf(w, "  cloud:   local backend in %s\n", d.Cloud)
 	}
-	root := d.KubeletRoot
-	if root == "" {
-		root = "none"
+	var roots []string
+	for _, k := range d.Kubelets {
+		roots = append(roots, fmt.Sprintf("%s (%s)", k.Root, k.DriverName))
 	}
-	fmt.Fprintf(w, "  host:    nodes %s; kubelet root %s\n", strings.Join(d.HostNodes, ", "), root)
+	kubelet := "kubelet root none"
+	switch len(roots) {
+	case 0:
+	case 1:
+		kubelet = "kubelet root " + roots[0]
+	default:
+		kubelet = "kubelet roots " + strings.Join(roots, ", ")
+	}
+	fmt.Fprintf(w, "  host:    nodes %s; %s\n", strings.Join(d.HostNodes, ", "), kubelet)
 	switch {
 	case d.Clean() && len(d.Notes) > 0:
 		fmt.Fprintln(w, "\nNo problems in what could be compared; the notes say what could not.")

@@ -59,7 +59,7 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 	ctx := context.Background()
 	dir := apptest.ShortTempDir(t)
 	kubelet := filepath.Join(dir, "kubelet")
-	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1"})
+	in := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1", KubeletRoot: kubelet})
 	t.Cleanup(func() { hostscrub.Scrub(context.Background(), dir) }) // runs before csid stops: leave the machine clean
 	c := apptest.Dial(t, in.Socket)
 	vc := apptest.MountCap("ext4")

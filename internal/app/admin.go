@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -40,9 +41,10 @@ func serveAdmin(o Options, st *store.Store, log zerolog.Logger) (stop func(), er
 	if err != nil {
 		return nil, fmt.Errorf("admin socket: %w (choose another with --admin-socket)", err)
 	}
-	info := view.Info{Mode: string(o.Mode), StateFile: st.Path(), Schema: store.SchemaVersion, PID: os.Getpid(), Version: o.Version}
+	info := view.Info{Mode: string(o.Mode), StateFile: st.Path(), Schema: store.SchemaVersion, PID: os.Getpid(), Version: o.Version,
+		DriverName: cmp.Or(o.DriverName, driver.DefaultName)}
 	if o.Mode != driver.ModeController {
-		info.NodeID = o.NodeID
+		info.NodeID, info.KubeletRoot = o.NodeID, o.KubeletRoot
 	}
 	srv := admin.Serve(lis, view.NewStoreSource(st, info), log.With().Str("component", "admin").Logger())
 	log.Info().Str("admin_socket", path).Msg("serving the admin endpoint")

@@ -115,11 +115,10 @@ type Input struct {
 	CloudNotRead, MountsNotRead string
 	// HostNodes are the nodes whose devices and mounts are on this host.
 	HostNodes []string
-	// DriverName is csid's CSI driver name (kubelet's directories name it).
-	DriverName string
-	// KubeletRoot is kubelet's root directory ("" for none, or not on
-	// this host): mounts in its directories for csid's driver are csid's.
-	KubeletRoot string
+	// Kubelets are the kubelet directories of the csids read (see
+	// Kubelet): mounts in them are csid's; mounts in any other kubelet
+	// directory (another csid's, another driver's) are not compared.
+	Kubelets []Kubelet
 	// Unseen are recorded staging and target paths whose directory does
 	// not exist on this host (another mount namespace: a pod that does not
 	// see the node's kubelet directory): nothing can be said of their
@@ -384,7 +383,9 @@ func (c *comparison) mounts() {
 			}
 			continue
 		}
-		if staged(v.State) && v.StagingPath != "" {
+		if staged(v.State) && v.StagingPath != "" && v.AccessType != "block" {
+			// A raw block volume's staging path is kubelet's directory,
+			// never a mount.
 			recorded[v.StagingPath] = v
 		}
 		if v.State == fsm.Published {
@@ -446,21 +447,21 @@ func (c *comparison) mounts() {
 	}
 }
 
-// ownedPath reports whether a mount is in a directory kubelet made for
-// csid's driver: under plugins/kubernetes.io/csi/<driver>/, or beside a
-// vol_data.json that names the driver.
+// ownedPath reports whether a mount is in a directory kubelet made for the
+// driver of a csid read, under that csid's kubelet root: under
+// plugins/kubernetes.io/csi/<driver>/, or beside a vol_data.json that names
+// the driver.
 func (c *comparison) ownedPath(m Mount) bool {
-	if c.in.DriverName == "" {
-		return false
+	for _, k := range c.in.Kubelets {
+		root := filepath.Clean(k.Root) + "/"
+		if !strings.HasPrefix(m.Path, root) {
+			continue
+		}
+		if m.Driver == k.DriverName || strings.HasPrefix(m.Path, filepath.Join(root, "plugins", "kubernetes.io", "csi", k.DriverName)+"/") {
+			return true
+		}
 	}
-	if m.Driver == c.in.DriverName {
-		return true
-	}
-	if c.in.KubeletRoot == "" {
-		return false
-	}
-	dir := filepath.Join(c.in.KubeletRoot, "plugins", "kubernetes.io", "csi", c.in.DriverName) + "/"
-	return strings.HasPrefix(m.Path, dir)
+	return false
 }
 
 // mountDevice is the block device a mount is of: its source, or for a

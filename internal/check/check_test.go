@@ -50,9 +50,8 @@ func healthy() Input {
 			// another driver's volume
 			{MountPoint: mounter.MountPoint{Device: "/dev/nvme1n1", Path: root + "/pods/uid-2/volumes/kubernetes.io~csi/pv-2/mount", Type: "xfs"}, Driver: "ebs.csi.aws.com"},
 		},
-		HostNodes:   []string{"node-1"},
-		DriverName:  drvName,
-		KubeletRoot: root,
+		HostNodes: []string{"node-1"},
+		Kubelets:  []Kubelet{{DriverName: drvName, Root: root}},
 	}
 }
 
@@ -234,5 +233,69 @@ func TestChanged(t *testing.T) {
 		if !got[k] {
 			t.Errorf("changed %v lacks %s", got, k)
 		}
+	}
+}
+
+// TestScopedToTheCsidsRead: a staged raw block volume (its staging path is
+// kubelet's directory, never a mount) is clean; mounts in another csid's
+// kubelet directory, or for another driver in this one, are not compared;
+// the same mount in the kubelet directory of a csid read is.
+func TestScopedToTheCsidsRead(t *testing.T) {
+	const (
+		blockStaging = root + "/plugins/kubernetes.io/csi/volumeDevices/staging/pv-b"
+		blockTarget  = root + "/plugins/kubernetes.io/csi/volumeDevices/publish/pv-b/uid-3"
+		other        = "/srv/other-kubelet"
+		elsewhere    = other + "/plugins/kubernetes.io/csi/" + drvName + "/x/globalmount"
+	)
+	withBlock := func(in *Input) {
+		in.Stores[0].Volumes = append(in.Stores[0].Volumes, view.Volume{ID: "vol-blk", DiskID: "disk-3", State: fsm.Published,
+			AccessType: "block", Node: "node-1", StagingPath: blockStaging, Targets: []view.Target{{Path: blockTarget}}, Generation: 4})
+		in.Disks = append(in.Disks, disk("disk-3", "vol-blk", "node-1"))
+		in.Devices["disk-3"] = []string{"/dev/loop4"}
+		in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "udev", Type: "devtmpfs", Root: "/loop4", Path: blockTarget}})
+	}
+	tmpfsAt := func(p string) func(in *Input) {
+		return func(in *Input) {
+			in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "tmpfs", Type: "tmpfs", Path: p}})
+		}
+	}
+	cases := []struct {
+		name   string
+		change []func(in *Input)
+		want   []Kind
+	}{
+		{"a staged and published raw block volume", []func(*Input){withBlock}, nil},
+		{"a mount in another csid's kubelet directory", []func(*Input){tmpfsAt(elsewhere)}, nil},
+		{"a mount for another driver", []func(*Input){tmpfsAt(root + "/plugins/kubernetes.io/csi/other.csi.dev/x/globalmount")}, nil},
+		{"the same mount in a kubelet directory of a csid read", []func(*Input){tmpfsAt(elsewhere), func(in *Input) {
+			in.Kubelets = append(in.Kubelets, Kubelet{DriverName: drvName, Root: other})
+		}}, []Kind{MountUnaccounted}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			in := healthy()
+			for _, ch := range c.change {
+				ch(&in)
+			}
+			if got := kinds(Compare(in)); !slices.Equal(got, c.want) {
+				t.Fatalf("found %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestKubeletsOfTheSources: each csid read gives its own kubelet directory;
+// one that does not say (a state file) gets the stand-ins; a controller's
+// records name none, and a csid without a kubelet root has none.
+func TestKubeletsOfTheSources(t *testing.T) {
+	s := Sources{DriverName: drvName, KubeletRoot: root, Records: []RecordSource{
+		{Name: "node.sock", Mode: "node", Kubelet: &Kubelet{DriverName: "other.csi.dev", Root: "/srv/k"}},
+		{Name: "all.sock", Mode: "all", Kubelet: &Kubelet{DriverName: drvName}},
+		{Name: "controller.sock", Mode: "controller", Kubelet: &Kubelet{DriverName: drvName, Root: "/srv/c"}},
+		{Name: "node.db", Mode: "node"},
+	}}
+	want := []Kubelet{{DriverName: "other.csi.dev", Root: "/srv/k"}, {DriverName: drvName, Root: root}}
+	if got := s.Kubelets(); !slices.Equal(got, want) {
+		t.Fatalf("Kubelets() = %+v, want %+v", got, want)
 	}
 }

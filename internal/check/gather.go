@@ -3,9 +3,11 @@ package check
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/csid-dev/csid/internal/cloud"
@@ -19,6 +21,19 @@ type RecordSource struct {
 	Name   string
 	Mode   string
 	Source view.Source
+	// Kubelet is the kubelet directory the csid works in, as it says (a
+	// live csid's admin Info); nil when it does not say (a state file),
+	// and the Sources' DriverName and KubeletRoot stand in.
+	Kubelet *Kubelet
+}
+
+// Kubelet is where kubelet keeps the mounts of one csid's volumes: the
+// directories it makes for the CSI driver DriverName under its root
+// directory. A mount there is that csid's, whether or not a record
+// explains it; a mount under another root, or for another driver, is not.
+type Kubelet struct {
+	DriverName string `json:"driverName"`
+	Root       string `json:"root"`
 }
 
 // Cloud is what Gather reads of the cloud and the machine's loop devices;
@@ -42,8 +57,31 @@ type Sources struct {
 	CloudNotRead, MountsNotRead string
 	Notes                       []string
 	HostNodes                   []string
-	DriverName                  string
-	KubeletRoot                 string
+	// DriverName and KubeletRoot stand in for a record source that does
+	// not say its own (Kubelet nil); an empty KubeletRoot: none.
+	DriverName  string
+	KubeletRoot string
+}
+
+// Kubelets returns the kubelet directories of the csids s reads that keep
+// node records (a controller's are no node's): each source's own, or the
+// stand-ins for one that does not say. A csid without a kubelet root
+// (all-in-one without --kubelet-root) has none.
+func (s Sources) Kubelets() []Kubelet {
+	var out []Kubelet
+	for _, r := range s.Records {
+		if r.Mode == "controller" {
+			continue
+		}
+		k := Kubelet{DriverName: s.DriverName, Root: s.KubeletRoot}
+		if r.Kubelet != nil {
+			k = *r.Kubelet
+		}
+		if k.Root != "" && k.DriverName != "" && !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // Gather reads the inputs of Compare. The records are read twice, before
@@ -51,8 +89,15 @@ type Sources struct {
 // in between are marked Changing: what was read of them may straddle a
 // transition.
 func Gather(ctx context.Context, s Sources) (Input, error) {
-	in := Input{HostNodes: s.HostNodes, DriverName: s.DriverName, KubeletRoot: s.KubeletRoot,
-		CloudNotRead: s.CloudNotRead, MountsNotRead: s.MountsNotRead, Notes: s.Notes}
+	in := Input{HostNodes: s.HostNodes, CloudNotRead: s.CloudNotRead, MountsNotRead: s.MountsNotRead, Notes: s.Notes}
+	for _, k := range s.Kubelets() {
+		if _, err := os.Stat(k.Root); err != nil {
+			in.Notes = append(in.Notes, fmt.Sprintf("kubelet's root %s is not here (%v): its directories were not searched for stray mounts; "+
+				"csid's recorded paths and the mounts of its devices were compared (in Kubernetes, run csid check in the node plugin's pod)", k.Root, errors.Unwrap(err)))
+			continue
+		}
+		in.Kubelets = append(in.Kubelets, k)
+	}
 	before, err := readRecords(ctx, s.Records)
 	if err != nil {
 		return Input{}, err
@@ -71,7 +116,7 @@ func Gather(ctx context.Context, s Sources) (Input, error) {
 		if err != nil {
 			return Input{}, fmt.Errorf("read the mount table: %w", err)
 		}
-		in.Mounts, in.MountsRead = withVolData(mps, s.KubeletRoot), true
+		in.Mounts, in.MountsRead = withVolData(mps, in.Kubelets), true
 	}
 	if in.Stores, err = readRecords(ctx, s.Records); err != nil {
 		return Input{}, err
@@ -118,15 +163,15 @@ func readRecords(ctx context.Context, srcs []RecordSource) ([]Store, error) {
 	return out, nil
 }
 
-// withVolData annotates the mounts under kubelet's root with the driver
+// withVolData annotates the mounts under the kubelet roots with the driver
 // named by the vol_data.json kubelet keeps beside a CSI volume's mount
 // point (pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json beside
 // .../mount, and the staging directory's beside .../globalmount).
-func withVolData(mps []mounter.MountPoint, kubeletRoot string) []Mount {
+func withVolData(mps []mounter.MountPoint, kubelets []Kubelet) []Mount {
 	out := make([]Mount, len(mps))
 	for i, mp := range mps {
 		out[i].MountPoint = mp
-		if kubeletRoot == "" || !strings.HasPrefix(mp.Path, filepath.Clean(kubeletRoot)+"/") {
+		if !slices.ContainsFunc(kubelets, func(k Kubelet) bool { return strings.HasPrefix(mp.Path, filepath.Clean(k.Root)+"/") }) {
 			continue
 		}
 		if base := filepath.Base(mp.Path); base != "mount" && base != "globalmount" {

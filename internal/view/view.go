@@ -248,6 +248,11 @@ type Info struct {
 	// PID and Version describe a live csid (absent for a state file).
 	PID     int    `json:"pid,omitempty"`
 	Version string `json:"version,omitempty"`
+	// DriverName is a live csid's CSI driver name, and KubeletRoot the
+	// kubelet directory a node or all-in-one csid is confined to ("" for
+	// none): where kubelet keeps its volumes' mounts.
+	DriverName  string `json:"driverName,omitempty"`
+	KubeletRoot string `json:"kubeletRoot,omitempty"`
 }
 
 // VolumeFilter selects volumes; zero fields select all.
