@@ -20,7 +20,12 @@ csid inspect reads a running csid through its admin socket (read-only, mode
 0600: run it as the user csid runs as), or, with --db, the state file of a
 stopped csid (opened read-only, never modified). Without --socket or --db it
 looks in --state-dir for admin-all.sock, admin-controller.sock and
-admin-node.sock, and reads the first csid that answers.
+admin-node.sock, and reads the csid that answers. When several answer (the
+controller and the node plugin of a single-node cluster share the node's
+/var/lib/csid), it reads the one running in its own container (pid
+namespace) — in the node plugin's pod, the node plugin — or else the first
+of all, controller, node; a note above the table (on stderr with -o json or
+yaml) says which it shows and which others answer.
 
 Tables are for people (sizes in binary units, times in UTC with their age);
 -o json and -o yaml print the documents of the admin API, whose field names
@@ -70,11 +75,20 @@ func newInspect(now func() time.Time) *cobra.Command {
 		if err := checkOutput(output); err != nil {
 			return err
 		}
-		src, err := f.open(cmd.Context(), name, cmd.ErrOrStderr())
+		src, chosen, err := f.open(cmd.Context(), name)
 		if err != nil {
 			return err
 		}
 		defer src.Close()
+		if chosen != "" {
+			// Said where people look: above the table, or beside a
+			// document that must stay one.
+			if output == outTable {
+				fmt.Fprintf(cmd.OutOrStdout(), "Note: %s.\n\n", chosen)
+			} else {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: %s\n", chosen)
+			}
+		}
 		return fn(cmd.Context(), src, printer{now: now()})
 	}
 	out := func(cmd *cobra.Command) io.Writer { return cmd.OutOrStdout() }
@@ -238,7 +252,7 @@ func (f *sourceFlags) completionVolumes(cmd *cobra.Command) []view.Volume {
 	}
 	ctx, cancel := context.WithTimeout(parent, 3*time.Second)
 	defer cancel()
-	src, err := f.open(ctx, "inspect", io.Discard)
+	src, _, err := f.open(ctx, "inspect")
 	if err != nil {
 		return nil
 	}

@@ -45,8 +45,16 @@ type process struct {
 // directory). The process is killed at the end of the test if still running.
 func startCSIDProcess(t *testing.T, dir string, args ...string) *process {
 	t.Helper()
+	return startCSIDProcessWith(t, nil, dir, args...)
+}
+
+// startCSIDProcessWith is startCSIDProcess with attributes for the child
+// (a namespace of its own, say).
+func startCSIDProcessWith(t *testing.T, attr *syscall.SysProcAttr, dir string, args ...string) *process {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Dir = dir
+	cmd.SysProcAttr = attr
 	// A -race child otherwise sleeps 1s at exit.
 	cmd.Env = append(os.Environ(), runAsCSID+"=1", "GORACE=atexit_sleep_ms=0")
 	p := &process{cmd: cmd, stderr: &testutil.Buffer{}, done: make(chan struct{})}

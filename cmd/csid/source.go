@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +15,7 @@ import (
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/csid-dev/csid/internal/view"
+	"golang.org/x/sys/unix"
 )
 
 // modes are tried in this order when looking for a csid in a state
@@ -142,29 +143,77 @@ type sourceFlags struct {
 	socket, db, stateDir string
 }
 
-// open returns the one source the flags name: --db, --socket, or the first
-// csid answering in --state-dir (a note on stderr when several answer).
-func (f *sourceFlags) open(ctx context.Context, command string, stderr io.Writer) (*source, error) {
+// open returns the one source the flags name: --db, --socket, or a csid
+// answering in --state-dir. When several answer there (a controller and a
+// node plugin sharing a state directory, as on a single-node cluster), it
+// is the one running in this process's pid namespace, if exactly one does:
+// in Kubernetes, the csid of the container `kubectl exec` runs in;
+// otherwise the first of all, controller, node. chosen then says which it
+// is and which others answer ("" when only one answers).
+func (f *sourceFlags) open(ctx context.Context, command string) (src *source, chosen string, err error) {
 	switch {
 	case f.socket != "" && f.db != "":
-		return nil, errors.New("--socket and --db: choose one (--socket for a running csid, --db for the state file of a stopped one)")
+		return nil, "", errors.New("--socket and --db: choose one (--socket for a running csid, --db for the state file of a stopped one)")
 	case f.db != "":
-		return openDB(f.db, command)
+		src, err = openDB(f.db, command)
+		return src, "", err
 	case f.socket != "":
-		return openSocket(ctx, f.socket)
+		src, err = openSocket(ctx, f.socket)
+		return src, "", err
 	}
 	live, err := discover(ctx, f.stateDir, command)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	if len(live) > 1 {
-		var names []string
-		for _, l := range live[1:] {
-			names = append(names, l.socket)
+	if len(live) == 1 {
+		return live[0].source, "", nil
+	}
+	pick, why := 0, ""
+	var local []int
+	for i, l := range live {
+		if inOurPIDNamespace(l.socket) {
+			local = append(local, i)
+		}
+	}
+	if len(local) == 1 {
+		pick, why = local[0], ", the csid of this container"
+	}
+	var others []string
+	for i, l := range live {
+		if i != pick {
+			others = append(others, l.socket)
 			l.Close()
 		}
-		fmt.Fprintf(stderr, "note: several csids answer in %s; showing %s (the others: %s; choose with --socket)\n",
-			f.stateDir, live[0].what, strings.Join(names, ", "))
 	}
-	return live[0].source, nil
+	chosen = fmt.Sprintf("showing %s%s; also answering in %s: %s (choose with --socket)",
+		live[pick].what, why, f.stateDir, strings.Join(others, ", "))
+	return live[pick].source, chosen, nil
+}
+
+// inOurPIDNamespace reports whether the csid serving socket runs in this
+// process's pid namespace. The kernel reports a unix socket's server pid as
+// seen from here (SO_PEERCRED), and 0 for a process in a pid namespace this
+// one does not contain (another pod's container).
+func inOurPIDNamespace(socket string) bool {
+	conn, err := net.DialTimeout("unix", socket, time.Second)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return false
+	}
+	var cred *unix.Ucred
+	if cerr := raw.Control(func(fd uintptr) {
+		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); cerr != nil || err != nil || cred.Pid <= 0 {
+		return false
+	}
+	mine, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return false
+	}
+	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", cred.Pid))
+	return err == nil && theirs == mine
 }
