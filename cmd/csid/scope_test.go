@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,8 +12,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/admin"
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/check"
@@ -157,5 +161,120 @@ func TestInspectShowsThePodsOwnCsid(t *testing.T) {
 				t.Errorf("-o json: %d volumes, stderr %q; want the %s's records and a note", len(l.Volumes), stderr, wantMode)
 			}
 		})
+	}
+}
+
+// TestNodeAdoptsOnlyKubeletsMounts: a staged and published volume's device
+// is also mounted by hand at other paths, and the node plugin restarts
+// (with its state file, and without: it adopts what it finds). Of those
+// mounts only kubelet's target for the volume (its path, and the
+// vol_data.json kubelet writes beside it) is adopted; an operator's bind
+// mount outside kubelet's directory, a sub-path kubelet binds for a
+// container, a bind at another volume's target, are not, and csid check
+// reports those that are nobody's. Once they are gone, kubelet's
+// NodeUnpublish and NodeUnstage go through.
+func TestNodeAdoptsOnlyKubeletsMounts(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	for _, lost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("state file lost %v", lost), func(t *testing.T) {
+			dir := apptest.ShortTempDir(t)
+			t.Cleanup(func() { hostscrub.Scrub(context.Background(), dir) })
+			k := filepath.Join(dir, "kubelet")
+			ctrl := apptest.Start(t, app.Options{Mode: driver.ModeController, Cloud: "local", StateDir: dir,
+				Endpoint: "unix://" + filepath.Join(dir, "controller.sock"), Log: zerolog.Nop()})
+			nodeOpts := app.Options{Mode: driver.ModeNode, Cloud: "local", StateDir: dir, NodeID: "node-1",
+				Endpoint: "unix://" + filepath.Join(dir, "node.sock"), KubeletRoot: k, Log: zerolog.Nop()}
+			node := apptest.Start(t, nodeOpts)
+			c, n := apptest.Dial(t, ctrl.Socket), apptest.Dial(t, node.Socket)
+			vc := apptest.MountCap("ext4")
+			id := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20},
+				VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
+			sum := sha256.Sum256([]byte(id))
+			staging := filepath.Join(k, "plugins/kubernetes.io/csi", driver.DefaultName, hex.EncodeToString(sum[:]), "globalmount")
+			target := func(pod string) string { return filepath.Join(k, "pods", pod, "volumes/kubernetes.io~csi/pvc-a/mount") }
+			volData := func(dir, id string) {
+				mkdirT(t, dir)
+				raw := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, id)
+				if err := os.WriteFile(filepath.Join(dir, "vol_data.json"), []byte(raw), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			volData(filepath.Dir(staging), id)
+			volData(filepath.Dir(target("pod-a")), id)
+			mkdirT(t, staging)
+			pc := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
+			apptest.R(n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
+			apptest.R(n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target("pod-a"), StagingTargetPath: staging, VolumeCapability: vc})).Must(t)
+
+			cases := []struct {
+				name              string
+				path              string
+				volData           string // the volume kubelet's vol_data.json beside it names
+				adopted, reported bool
+			}{
+				{"an operator's bind mount outside kubelet's directory", filepath.Join(dir, "backup", "mnt"), "", false, true},
+				{"a sub-path kubelet binds for a container", filepath.Join(k, "pods/pod-a/volume-subpaths/pvc-a/app/0"), "", false, false},
+				{"a bind at another volume's target", filepath.Join(k, "pods/pod-x/volumes/kubernetes.io~csi/pvc-x/mount"), "vol-other", false, true},
+				{"kubelet's target for the volume in another pod", target("pod-b"), id, true, false},
+			}
+			for _, c := range cases {
+				mkdirT(t, c.path)
+				if c.volData != "" {
+					volData(filepath.Dir(c.path), c.volData)
+				}
+				if err := syscall.Mount(staging, c.path, "", syscall.MS_BIND, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			node.Stop(t)
+			if lost {
+				if err := os.Remove(app.StateFile(dir, driver.ModeNode)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			node = apptest.Start(t, nodeOpts)
+			n = apptest.Dial(t, node.Socket)
+
+			adm := admin.NewClient(app.AdminSocketPath(dir, driver.ModeNode), 5*time.Second)
+			defer adm.Close()
+			rec := apptest.R(adm.Volume(ctx, id)).Must(t)
+			_, doc := checkRun(t, "--state-dir", dir)
+			for _, c := range cases {
+				adopted := slices.ContainsFunc(rec.Targets, func(tg view.Target) bool { return tg.Path == c.path })
+				reported := slices.ContainsFunc(doc.Findings, func(f check.Finding) bool { return f.Kind == check.MountUnaccounted && f.Path == c.path })
+				if adopted != c.adopted || reported != c.reported {
+					t.Errorf("%s: adopted %v, reported by csid check %v; want %v, %v", c.name, adopted, reported, c.adopted, c.reported)
+				}
+			}
+			if len(doc.Findings) != 2 {
+				t.Errorf("csid check found %d problems, want the 2 mounts that are nobody's: %+v", len(doc.Findings), doc.Findings)
+			}
+
+			// The operator removes what they mounted; kubelet unpublishes
+			// and unstages.
+			for _, c := range cases {
+				if !c.adopted {
+					if err := syscall.Unmount(c.path, 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for _, tg := range rec.Targets {
+				apptest.R(n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tg.Path})).Must(t)
+			}
+			apptest.R(n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})).Must(t)
+			apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
+			if code, doc := checkRun(t, "--state-dir", dir); code != 0 {
+				t.Errorf("csid check after the clean-up: exit %d, %+v", code, doc.Findings)
+			}
+		})
+	}
+}
+
+func mkdirT(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -7,6 +7,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/kubelet"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/mounter/fakemount"
 	"github.com/csid-dev/csid/internal/ops"
@@ -209,7 +211,9 @@ func Run(ctx context.Context, o Options) error {
 
 	// Identity answers from here on; Probe says ready once the records are
 	// reconciled with the cloud and the host, and ops are resumed.
-	rec := reconcile.Reconciler{Store: st, Cloud: p.cloud, Host: p.host, Mounter: p.mounter, Log: log.With().Str("component", "reconcile").Logger()}
+	rec := reconcile.Reconciler{Store: st, Cloud: p.cloud, Host: p.host, Mounter: p.mounter,
+		Kubelet: kubelet.Layout{Root: o.KubeletRoot, Driver: cmp.Or(o.DriverName, driver.DefaultName)},
+		Log:     log.With().Str("component", "reconcile").Logger()}
 	if o.Mode != driver.ModeNode {
 		if _, err := rec.Controller(ctx); err != nil {
 			srv.Stop()

@@ -2,6 +2,8 @@ package app_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,10 +47,54 @@ func (s *split) startController(t *testing.T) {
 	s.c = apptest.Dial(t, s.controller.Socket)
 }
 
+// startNode starts the node plugin, confined to the kubelet directory in
+// the state dir as the manifests confine it to /var/lib/kubelet.
 func (s *split) startNode(t *testing.T) {
 	t.Helper()
-	s.node = apptest.Start(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1", Endpoint: "unix://" + s.dir + "/node.sock", Log: zerolog.Nop()})
+	s.node = apptest.Start(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1",
+		Endpoint: "unix://" + s.dir + "/node.sock", KubeletRoot: filepath.Join(s.dir, "kubelet"), Log: zerolog.Nop()})
 	s.n = apptest.Dial(t, s.node.Socket)
+}
+
+// useKubeletVolume creates a volume and uses it as kubelet would: staged
+// at kubelet's staging path for it (named by the sha256 of its id),
+// published at a target for each pod, with kubelet's vol_data.json beside
+// each target. It returns the id and the paths.
+func useKubeletVolume(t *testing.T, c, n apptest.Client, root, name string, pods ...string) (id, stage string, targets []string) {
+	t.Helper()
+	id = useVolume(t, c, n, name, "", nil)
+	sum := sha256.Sum256([]byte(id))
+	stage = filepath.Join(root, "plugins/kubernetes.io/csi", driver.DefaultName, hex.EncodeToString(sum[:]), "globalmount")
+	for _, pod := range pods {
+		tp := filepath.Join(root, "pods", pod, "volumes/kubernetes.io~csi", name, "mount")
+		writeVolData(t, filepath.Dir(tp), id)
+		targets = append(targets, tp)
+	}
+	if err := os.MkdirAll(stage, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	writeVolData(t, filepath.Dir(stage), id)
+	ctx := context.Background()
+	vc := apptest.MountCap("ext4")
+	pc := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
+	apptest.R(n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
+	for _, tp := range targets {
+		apptest.R(n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: tp, StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
+	}
+	return id, stage, targets
+}
+
+// writeVolData writes the vol_data.json kubelet keeps in dir for a volume
+// of csid's driver.
+func writeVolData(t *testing.T, dir, id string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	raw := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, id)
+	if err := os.WriteFile(filepath.Join(dir, "vol_data.json"), []byte(raw), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // kubeletPaths are where kubelet stages and publishes a filesystem volume.
@@ -186,8 +232,7 @@ func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 	dir := apptest.ShortTempDir(t)
 	s := startSplit(t, dir)
 	ctx := context.Background()
-	stage, targets := kubeletPaths(filepath.Join(dir, "kubelet"), "vol-0123456789abcdef0123", "pod-a", "pod-b")
-	id := useVolume(t, s.c, s.n, "pvc-a", stage, targets)
+	id, stage, targets := useKubeletVolume(t, s.c, s.n, filepath.Join(dir, "kubelet"), "pvc-a", "pod-a", "pod-b")
 	if err := os.WriteFile(filepath.Join(targets[0], "data"), []byte("keep me"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -395,7 +395,9 @@ func (c *comparison) mounts() {
 		}
 	}
 	// The devices of volumes staged here: kubelet bind-mounts their
-	// filesystems elsewhere too (sub-paths), which is theirs to do.
+	// filesystems elsewhere in its directory too (sub-paths, block device
+	// maps), which is its to do; a mount of them outside kubelet's
+	// directory is nobody's (an operator's bind mount).
 	stagedDevices := map[string]bool{}
 	csidDevices := map[string]string{} // device -> disk id
 	for diskID, devs := range c.in.Devices {
@@ -424,7 +426,7 @@ func (c *comparison) mounts() {
 		if _, ok := recorded[m.Path]; ok || inFlight[m.Path] {
 			continue
 		}
-		if !owned && stagedDevices[dev] {
+		if !owned && stagedDevices[dev] && c.underKubelet(m.Path) {
 			continue
 		}
 		c.add(mountUnaccounted(m, dev, owned, csidDevices[dev]))
@@ -462,6 +464,12 @@ func (c *comparison) ownedPath(m Mount) bool {
 		}
 	}
 	return false
+}
+
+// underKubelet reports whether path lies in the kubelet directory of a
+// csid read.
+func (c *comparison) underKubelet(path string) bool {
+	return slices.ContainsFunc(c.in.Kubelets, func(k Kubelet) bool { return strings.HasPrefix(path, filepath.Clean(k.Root)+"/") })
 }
 
 // mountDevice is the block device a mount is of: its source, or for a

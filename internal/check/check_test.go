@@ -267,6 +267,9 @@ func TestScopedToTheCsidsRead(t *testing.T) {
 		{"a staged and published raw block volume", []func(*Input){withBlock}, nil},
 		{"a mount in another csid's kubelet directory", []func(*Input){tmpfsAt(elsewhere)}, nil},
 		{"a mount for another driver", []func(*Input){tmpfsAt(root + "/plugins/kubernetes.io/csi/other.csi.dev/x/globalmount")}, nil},
+		{"an operator's bind of a staged volume outside kubelet's directory", []func(*Input){func(in *Input) {
+			in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "/dev/loop3", Type: "ext4", Path: "/mnt/backup"}})
+		}}, []Kind{MountUnaccounted}},
 		{"the same mount in a kubelet directory of a csid read", []func(*Input){tmpfsAt(elsewhere), func(in *Input) {
 			in.Kubelets = append(in.Kubelets, Kubelet{DriverName: drvName, Root: other})
 		}}, []Kind{MountUnaccounted}},

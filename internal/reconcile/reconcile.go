@@ -10,7 +10,12 @@
 //     rolled back, so that kubelet's next NodeStageVolume mounts again
 //     instead of being told it is done; a csid device mounted on this node
 //     that no record explains (the node's state file was lost) is adopted,
-//     so NodeUnpublishVolume and NodeUnstageVolume clean it up.
+//     so NodeUnpublishVolume and NodeUnstageVolume clean it up. Only mounts
+//     at paths the record names, or at kubelet's staging and target paths
+//     for this driver and volume (internal/kubelet), are adopted: an
+//     operator's bind mount elsewhere is no target of csid's (csid check
+//     reports it), and adopting it would refuse kubelet's NodeUnstage for
+//     ever.
 //
 // Each correction is written with a history note that says what was found.
 // Volumes with an op in flight are left to that op (recovery resumes it).
@@ -29,6 +34,7 @@ import (
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/kubelet"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/store"
@@ -42,6 +48,10 @@ type Reconciler struct {
 	// Host and Mounter are needed for Node only.
 	Host    cloud.Host
 	Mounter mounter.Mounter
+	// Kubelet is kubelet's layout for this node's driver: only mounts at
+	// its staging and target paths (or at paths a record names) are
+	// adopted. Without a root, only recorded paths are.
+	Kubelet kubelet.Layout
 	Log     zerolog.Logger
 	Now     func() time.Time
 }
@@ -167,8 +177,7 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 	node := r.Host.NodeID()
 	var fixes []fix
 	for diskID, dev := range devices {
-		stage, targets := mountsOf(mounts, dev)
-		if stage == "" && len(targets) == 0 {
+		if !slices.ContainsFunc(mounts, func(m mounter.MountPoint) bool { return ofDevice(m, dev) }) {
 			continue // no mount to explain: no need to ask the cloud
 		}
 		d, err := r.Cloud.GetDisk(ctx, diskID)
@@ -178,6 +187,14 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 		v := byID[d.Tags[effects.TagVolumeID]]
 		if v != nil && v.ActiveOp != 0 {
 			continue
+		}
+		stage, targets, others := r.kubeletMounts(mounts, dev, d, v)
+		if len(others) > 0 {
+			r.Log.Warn().Str("volume", d.Tags[effects.TagVolumeID]).Str("device", dev).Strs("mounts", others).
+				Msg("mounts of a volume's device outside kubelet's staging and target paths are not adopted; csid check reports them")
+		}
+		if (stage == "" && len(targets) == 0) || (stage == "" && !isBlock(v, d) && (v == nil || v.Stage == nil)) {
+			continue // nothing of kubelet's, or targets of a filesystem not staged: nothing to adopt
 		}
 		if v != nil && v.Stage != nil && (v.Stage.Path == stage || stage == "") && coversTargets(v, targets) {
 			continue // the record already explains these mounts
@@ -250,30 +267,48 @@ func nonEmpty(s string) []string {
 	return []string{s}
 }
 
-// mountsOf finds the staging mount and the targets of a device. A
+// ofDevice reports whether m is a mount of dev: its filesystem, or for a
+// raw block volume a bind mount of the device node (devtmpfs, root /loopN).
+func ofDevice(m mounter.MountPoint, dev string) bool {
+	return m.Device == dev || (m.Type == "devtmpfs" && m.Root == "/"+filepath.Base(dev))
+}
+
+// isBlock reports whether the volume (its record, or else its disk's
+// tags) is a raw block volume.
+func isBlock(v *store.Volume, d cloud.Disk) bool {
+	if v != nil {
+		return v.Capability.AccessType == "block"
+	}
+	tagged, _ := fromDisk(d)
+	return tagged != nil && tagged.Capability.AccessType == "block"
+}
+
+// kubeletMounts sorts the mounts of a volume's device: its staging mount
+// and targets, at the paths its record names or at kubelet's paths for the
+// driver and the volume, and the others, which csid never adopts. A
 // filesystem's staging mount and the bind mounts of it look alike in the
-// mount table; the staging mount is the one at kubelet's ".../globalmount",
-// else the one mounted first. A raw block target is a bind mount of the
-// device node (devtmpfs, root /loopN); block volumes have no staging mount.
-func mountsOf(mounts []mounter.MountPoint, dev string) (stage string, targets []string) {
-	var fs []string
+// mount table: the path tells them apart. A raw block target is a bind
+// mount of the device node; block volumes have no staging mount.
+func (r *Reconciler) kubeletMounts(mounts []mounter.MountPoint, dev string, d cloud.Disk, v *store.Volume) (stage string, targets, others []string) {
+	id, block := d.Tags[effects.TagVolumeID], isBlock(v, d)
 	for _, m := range mounts {
+		if !ofDevice(m, dev) || (m.Device == dev) == block {
+			continue
+		}
+		recorded := false
+		if v != nil {
+			_, recorded = v.Targets[m.Path]
+		}
 		switch {
-		case m.Device == dev:
-			fs = append(fs, m.Path)
-		case m.Type == "devtmpfs" && m.Root == "/"+filepath.Base(dev):
+		case !block && stage == "" && ((v != nil && v.Stage != nil && v.Stage.Path == m.Path) || r.Kubelet.Staging(m.Path, id)):
+			stage = m.Path
+		case recorded || r.Kubelet.Target(m.Path, id, block):
 			targets = append(targets, m.Path)
+		default:
+			others = append(others, m.Path)
 		}
 	}
-	if len(fs) == 0 {
-		return "", targets
-	}
-	i := slices.IndexFunc(fs, func(p string) bool { return filepath.Base(p) == "globalmount" })
-	if i < 0 {
-		i = 0
-	}
-	stage = fs[i]
-	return stage, append(targets, slices.Delete(fs, i, i+1)...)
+	return stage, targets, others
 }
 
 func coversTargets(v *store.Volume, targets []string) bool {
