@@ -186,7 +186,8 @@ func Run(ctx context.Context, o Options) error {
 		}
 		nodeID, verify = o.NodeID, p.mounter.IsMounted
 	}
-	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Verify: verify, Workers: o.Workers, Deadlines: o.Deadlines,
+	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Verify: verify, Forget: o.Mode == driver.ModeNode,
+		Workers: o.Workers, Deadlines: o.Deadlines,
 		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger(), Observer: ob.opsObserver()})
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
@@ -212,8 +213,8 @@ func Run(ctx context.Context, o Options) error {
 	// Identity answers from here on; Probe says ready once the records are
 	// reconciled with the cloud and the host, and ops are resumed.
 	rec := reconcile.Reconciler{Store: st, Cloud: p.cloud, Host: p.host, Mounter: p.mounter,
-		Kubelet: kubelet.Layout{Root: o.KubeletRoot, Driver: cmp.Or(o.DriverName, driver.DefaultName)},
-		Log:     log.With().Str("component", "reconcile").Logger()}
+		Kubelet: kubelet.Layout{Root: o.KubeletRoot, Driver: cmp.Or(o.DriverName, driver.DefaultName)}, Forget: o.Mode == driver.ModeNode,
+		Log: log.With().Str("component", "reconcile").Logger()}
 	if o.Mode != driver.ModeNode {
 		if _, err := rec.Controller(ctx); err != nil {
 			srv.Stop()

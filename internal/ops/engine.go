@@ -115,6 +115,11 @@ type Config struct {
 	// Verify, if set, checks a node record's mounts before a repeated
 	// NodeStage or NodePublish is answered from it.
 	Verify Verifier
+	// Forget says the store holds this node's records alone (node mode):
+	// a volume that node_unstage leaves with nothing staged or published
+	// here is forgotten in the same commit (fsm.Forget; see Forget). In
+	// all-in-one mode the record is also the controller's, and stays.
+	Forget bool
 	Clock  Clock
 	Retry  *Backoff
 	// Workers bounds the ops executing at once (default 64).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
@@ -46,6 +47,23 @@ func ForgetUnmounted(v *store.Volume, mounted func(path string) bool) (*store.Vo
 		nv.State, nv.Targets, guard = fsm.VolReady, nil, fsm.Unpublished
 	}
 	return nv, guard, "no longer mounted: " + strings.Join(gone, ", ")
+}
+
+// Forget drops a node's record of a volume it has nothing staged or
+// published of any more (NODE_READY): the lifecycle's forget step to
+// ABSENT, through tx.Reconcile. A node keeps a record only while the volume
+// has a staging or a target here, so its state file does not grow with
+// every volume it ever served; the ops that tell the volume's story stay
+// within the store's op retention. Call it only for a store that holds
+// this node's records alone (node mode); a record in any other state is
+// left as it is.
+func Forget(tx *store.Tx, v *store.Volume, why string, now time.Time) error {
+	if v.State != fsm.NodeReady || v.Stage != nil || len(v.Targets) > 0 {
+		return nil
+	}
+	nv := v.Clone()
+	nv.State = fsm.Absent
+	return tx.Reconcile(nv, fsm.Forget, fsm.NoGuard, why, now)
 }
 
 // verifiedDone checks a request the record says is done (a repeated

@@ -294,6 +294,11 @@ func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 		if err := tx.Finish(v, &o); err != nil {
 			return err
 		}
+		if e.cfg.Forget && op.Event == fsm.NodeUnstage {
+			if err := Forget(tx, v, "unstaged: nothing of it is left on this node", now); err != nil {
+				return err
+			}
+		}
 		out := *v
 		if next, err = (deferredResize{tx: tx, now: now}).afterCommit(v, &o); err != nil {
 			return err

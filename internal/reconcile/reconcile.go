@@ -52,8 +52,12 @@ type Reconciler struct {
 	// its staging and target paths (or at paths a record names) are
 	// adopted. Without a root, only recorded paths are.
 	Kubelet kubelet.Layout
-	Log     zerolog.Logger
-	Now     func() time.Time
+	// Forget says the store holds this node's records alone (node mode):
+	// Node forgets the volumes it finds nothing of on this host (see
+	// ops.Forget).
+	Forget bool
+	Log    zerolog.Logger
+	Now    func() time.Time
 }
 
 func (r *Reconciler) now() time.Time {
@@ -150,6 +154,7 @@ func fromDisk(d cloud.Disk) (*store.Volume, error) {
 type Report struct {
 	RolledBack []string // volumes whose mounts were gone
 	Adopted    []string // volumes found mounted without a record
+	Forgotten  []string // volumes with nothing left on this node
 }
 
 // Node reconciles this node's records with the host's mount table.
@@ -218,7 +223,8 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 			rep.RolledBack = append(rep.RolledBack, v.ID)
 		}
 	}
-	if len(fixes) == 0 {
+	forget := r.Forget && slices.ContainsFunc(vols, func(v *store.Volume) bool { return v.ActiveOp == 0 }) // cheap pre-check
+	if len(fixes) == 0 && !forget {
 		return rep, nil
 	}
 	now := r.now()
@@ -241,15 +247,41 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 				return err
 			}
 		}
+		if forget {
+			var err error
+			rep.Forgotten, err = r.forget(tx, vols, now)
+			return err
+		}
 		return nil
 	})
 	rep.Adopted = slices.DeleteFunc(rep.Adopted, func(id string) bool { return left[id] })
 	rep.RolledBack = slices.DeleteFunc(rep.RolledBack, func(id string) bool { return left[id] })
-	if err == nil {
+	if err == nil && len(fixes)+len(rep.Forgotten) > 0 {
 		r.Log.Warn().Strs("rolled_back", rep.RolledBack).Strs("adopted", rep.Adopted).Strs("left_alone", skipped).
-			Msg("node records reconciled with the host's mounts")
+			Int("forgotten", len(rep.Forgotten)).Msg("node records reconciled with the host's mounts")
 	}
 	return rep, err
+}
+
+// forget drops, in tx, the records of the volumes that have nothing staged
+// or published on this node (NODE_READY, after the rollbacks), and returns
+// their ids.
+func (r *Reconciler) forget(tx *store.Tx, vols []*store.Volume, now time.Time) ([]string, error) {
+	var out []string
+	for _, v := range vols {
+		cur, err := tx.Volume(v.ID)
+		if err != nil {
+			return nil, err
+		}
+		if cur == nil || cur.ActiveOp != 0 || cur.State != fsm.NodeReady || cur.Stage != nil || len(cur.Targets) > 0 {
+			continue
+		}
+		if err := ops.Forget(tx, cur, "nothing of it on this node at start", now); err != nil {
+			return nil, err
+		}
+		out = append(out, v.ID)
+	}
+	return out, nil
 }
 
 // fix is a record to write, with the lifecycle step that explains it.
