@@ -230,15 +230,7 @@ func (m *Linux) Undo(ctx context.Context, target string, made Made) error {
 // target already bound to source is brought to the asked read-only state
 // (a crash between the bind and the read-only step leaves it read-write).
 func (m *Linux) BindMount(ctx context.Context, source, target string, readOnly bool) error {
-	if err := ValidatePaths(source, target); err != nil {
-		return err
-	}
-	src, err := openSource(DirBind, source)
-	if err != nil {
-		return err
-	}
-	defer src.Close()
-	return bind(src, target, readOnly)
+	return bindFrom(DirBind, source, target, readOnly)
 }
 
 // BindMountDevice bind-mounts the block device at target, a file it
@@ -248,10 +240,15 @@ func (m *Linux) BindMount(ctx context.Context, source, target string, readOnly b
 // not the device: Linux lets a device node on a read-only mount be opened
 // for writing. Read-only raw block volumes need the device itself read-only.
 func (m *Linux) BindMountDevice(ctx context.Context, device, target string, readOnly bool) error {
-	if err := ValidatePaths(device, target); err != nil {
+	return bindFrom(DeviceBind, device, target, readOnly)
+}
+
+// bindFrom validates the paths, looks at the source and binds it.
+func bindFrom(kind MountKind, source, target string, readOnly bool) error {
+	if err := ValidatePaths(source, target); err != nil {
 		return err
 	}
-	src, err := openSource(DeviceBind, device)
+	src, err := openSource(kind, source)
 	if err != nil {
 		return err
 	}

@@ -331,9 +331,23 @@ func (m *Mounter) BindMount(ctx context.Context, source, target string, readOnly
 	if err := checkSource(source); err != nil {
 		return err
 	}
+	return m.bind(mounter.DirBind, source, target, readOnly)
+}
+
+// BindMountDevice bind-mounts a block device on a file; see
+// mounter.Mounter. The target file is created; the device is not opened.
+func (m *Mounter) BindMountDevice(ctx context.Context, device, target string, readOnly bool) error {
+	if err := mounter.ValidatePaths(device, target); err != nil {
+		return err
+	}
+	return m.bind(mounter.DeviceBind, device, target, readOnly)
+}
+
+// bind is BindMount and BindMountDevice once the source is checked.
+func (m *Mounter) bind(k mounter.MountKind, source, target string, readOnly bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	made, err := m.plan(mounter.DirBind, source, target)
+	made, err := m.plan(k, source, target)
 	if err != nil {
 		return err
 	}
@@ -345,35 +359,14 @@ func (m *Mounter) BindMount(ctx context.Context, source, target string, readOnly
 		return err
 	}
 	mt := &mount{kind: kindBind, source: source, readOnly: readOnly}
-	if src, ok := m.mounts[source]; ok {
+	if k == mounter.DeviceBind {
+		m.dev(source)
+		mt.kind, mt.device = kindDevice, source
+	} else if src, ok := m.mounts[source]; ok {
 		mt.device, mt.fsType = src.device, src.fsType
 		mt.readOnly = readOnly || src.readOnly
 	}
 	m.add(target, mt)
-	return nil
-}
-
-// BindMountDevice bind-mounts a block device on a file; see
-// mounter.Mounter. The target file is created; the device is not opened.
-func (m *Mounter) BindMountDevice(ctx context.Context, device, target string, readOnly bool) error {
-	if err := mounter.ValidatePaths(device, target); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	made, err := m.plan(mounter.DeviceBind, device, target)
-	if err != nil {
-		return err
-	}
-	if !made.Mounted {
-		m.mounts[target].readOnly = readOnly
-		return nil
-	}
-	if err := create(made, target); err != nil {
-		return err
-	}
-	m.dev(device)
-	m.add(target, &mount{kind: kindDevice, device: device, source: device, readOnly: readOnly})
 	return nil
 }
 
