@@ -179,40 +179,9 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 	for _, v := range vols {
 		byID[v.ID] = v
 	}
-	node := r.Host.NodeID()
-	var fixes []fix
-	for diskID, dev := range devices {
-		if !slices.ContainsFunc(mounts, func(m mounter.MountPoint) bool { return ofDevice(m, dev) }) {
-			continue // no mount to explain: no need to ask the cloud
-		}
-		d, err := r.Cloud.GetDisk(ctx, diskID)
-		if err != nil || d.AttachedTo != node || d.Tags[effects.TagVolumeID] == "" {
-			continue // not ours to explain here: `csid check` reports strays
-		}
-		v := byID[d.Tags[effects.TagVolumeID]]
-		if v != nil && v.ActiveOp != 0 {
-			continue
-		}
-		stage, targets, others := r.kubeletMounts(mounts, dev, d, v)
-		if len(others) > 0 {
-			r.Log.Warn().Str("volume", d.Tags[effects.TagVolumeID]).Str("device", dev).Strs("mounts", others).
-				Msg("mounts of a volume's device outside kubelet's staging and target paths are not adopted; csid check reports them")
-		}
-		if (stage == "" && len(targets) == 0) || (stage == "" && !isBlock(v, d) && (v == nil || v.Stage == nil)) {
-			continue // nothing of kubelet's, or targets of a filesystem not staged: nothing to adopt
-		}
-		if v != nil && v.Stage != nil && (v.Stage.Path == stage || stage == "") && coversTargets(v, targets) {
-			continue // the record already explains these mounts
-		}
-		nv := adoptMounts(v, d, dev, stage, targets, node)
-		guard := fsm.Staged
-		if nv.State == fsm.Published {
-			guard = fsm.HasTargets
-		}
-		fixes = append(fixes, fix{v: nv, event: fsm.Adopt, guard: guard,
-			note: fmt.Sprintf("found on the host: %s mounted at %s", dev, strings.Join(append(nonEmpty(stage), targets...), ", "))})
-		rep.Adopted = append(rep.Adopted, nv.ID)
-		byID[nv.ID] = nv
+	fixes := r.adoptions(ctx, mounts, devices, byID)
+	for _, f := range fixes {
+		rep.Adopted = append(rep.Adopted, f.v.ID)
 	}
 	for _, v := range vols {
 		if v.ActiveOp != 0 || (v.State != fsm.VolReady && v.State != fsm.Published) || slices.Contains(rep.Adopted, v.ID) {
@@ -282,6 +251,47 @@ func (r *Reconciler) forget(tx *store.Tx, vols []*store.Volume, now time.Time) (
 		out = append(out, v.ID)
 	}
 	return out, nil
+}
+
+// adoptions returns the records that explain the mounts of this node's
+// devices (by disk id) that no record explains, at kubelet's paths or
+// those the records name (see kubeletMounts). byID are the records.
+func (r *Reconciler) adoptions(ctx context.Context, mounts []mounter.MountPoint, devices map[string]string, byID map[string]*store.Volume) []fix {
+	node := r.Host.NodeID()
+	var fixes []fix
+	for diskID, dev := range devices {
+		if !slices.ContainsFunc(mounts, func(m mounter.MountPoint) bool { return ofDevice(m, dev) }) {
+			continue // no mount to explain: no need to ask the cloud
+		}
+		d, err := r.Cloud.GetDisk(ctx, diskID)
+		if err != nil || d.AttachedTo != node || d.Tags[effects.TagVolumeID] == "" {
+			continue // not ours to explain here: `csid check` reports strays
+		}
+		v := byID[d.Tags[effects.TagVolumeID]]
+		if v != nil && v.ActiveOp != 0 {
+			continue
+		}
+		stage, targets, others := r.kubeletMounts(mounts, dev, d, v)
+		if len(others) > 0 {
+			r.Log.Warn().Str("volume", d.Tags[effects.TagVolumeID]).Str("device", dev).Strs("mounts", others).
+				Msg("mounts of a volume's device outside kubelet's staging and target paths are not adopted; csid check reports them")
+		}
+		if (stage == "" && len(targets) == 0) || (stage == "" && !isBlock(v, d) && (v == nil || v.Stage == nil)) {
+			continue // nothing of kubelet's, or targets of a filesystem not staged: nothing to adopt
+		}
+		if v != nil && v.Stage != nil && (v.Stage.Path == stage || stage == "") && coversTargets(v, targets) {
+			continue // the record already explains these mounts
+		}
+		nv := adoptMounts(v, d, dev, stage, targets, node)
+		guard := fsm.Staged
+		if nv.State == fsm.Published {
+			guard = fsm.HasTargets
+		}
+		fixes = append(fixes, fix{v: nv, event: fsm.Adopt, guard: guard,
+			note: fmt.Sprintf("found on the host: %s mounted at %s", dev, strings.Join(append(nonEmpty(stage), targets...), ", "))})
+		byID[nv.ID] = nv
+	}
+	return fixes
 }
 
 // fix is a record to write, with the lifecycle step that explains it.
