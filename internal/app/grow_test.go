@@ -103,6 +103,9 @@ func (r *growRig) prepare(t *testing.T, n int) {
 	for i := range n {
 		v := &growVol{name: fmt.Sprintf("grow-%d", i), sums: map[string][32]byte{}}
 		v.stage, v.target = filepath.Join(r.dir, v.name, "stage"), filepath.Join(r.dir, v.name, "pod")
+		if err := os.Mkdir(filepath.Join(r.dir, v.name), 0o750); err != nil { // kubelet makes the parents
+			t.Fatal(err)
+		}
 		v.id = apptest.R(c.CreateVolume(r.ctx, &csi.CreateVolumeRequest{Name: v.name, CapacityRange: capRange(growFrom),
 			VolumeCapabilities: []*csi.VolumeCapability{r.vc}})).Must(t).Volume.VolumeId
 		r.up(t, c, v)
