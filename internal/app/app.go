@@ -165,28 +165,30 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	execs := map[fsm.Event]ops.Executor{}
+	var ctrl *effects.Controller
 	if o.Mode != driver.ModeNode {
-		maps.Copy(execs, (&effects.Controller{Cloud: p.cloud}).Executors())
+		ctrl = &effects.Controller{Cloud: p.cloud}
+		maps.Copy(execs, ctrl.Executors())
 	}
 	// The node side: the engine's node, its executors, and how it adopts
-	// and verifies what the host has.
+	// what the host has.
 	var nodeID string
 	var adopt ops.Adopter
-	var verify ops.Verifier
+	var node *effects.Node
 	if o.Mode != driver.ModeController {
 		if reg, ok := p.cloud.(cloud.Registrar); ok {
 			if err := reg.RegisterNode(ctx, cloud.Node{ID: o.NodeID, Zone: p.zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil {
 				return fmt.Errorf("register node %s: %w", o.NodeID, err)
 			}
 		}
-		node := &effects.Node{Host: p.host, Mounter: p.mounter}
+		node = &effects.Node{Host: p.host, Mounter: p.mounter}
 		maps.Copy(execs, node.Executors())
 		if o.Mode == driver.ModeNode {
 			adopt = node.Adopt
 		}
-		nodeID, verify = o.NodeID, p.mounter.IsMounted
+		nodeID = o.NodeID
 	}
-	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Verify: verify, Forget: o.Mode == driver.ModeNode,
+	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Confirm: effects.Confirmer(ctrl, node), Forget: o.Mode == driver.ModeNode,
 		Workers: o.Workers, Deadlines: o.Deadlines,
 		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger(), Observer: ob.opsObserver()})
 

@@ -56,9 +56,11 @@ const (
 	Delete              Event = "delete"
 	Expand              Event = "expand"
 	NodeExpand          Event = "node_expand"
-	// Adopt: a node takes on a volume it has no record of: attached to it
-	// (at its first NodeStageVolume), or found staged or published on the
-	// host at start (the node's state file was lost).
+	// Adopt: csid takes on what the world has and its record lacks: a
+	// node, a volume attached to it (at its first NodeStageVolume) or found
+	// staged or published on the host at start (the node's state file was
+	// lost); a controller, an attachment the cloud has and the record does
+	// not.
 	Adopt Event = "adopt"
 	// Rebuild: a controller rebuilds a record from the disk's tags in the
 	// cloud (an explicit rebuild of a lost state file).
@@ -120,7 +122,8 @@ const (
 	Staged     Guard = "staged"
 	HasTargets Guard = "published"
 	// Detached, Attached: rebuild of a disk the cloud has detached or
-	// attached; rollback of a record whose disk the cloud has detached.
+	// attached; rollback of a record whose disk the cloud has detached;
+	// adopt of an attachment the cloud has.
 	Detached Guard = "detached"
 	Attached Guard = "attached"
 	// Unstaged, Unpublished: rollback of a record whose staging mount
@@ -155,6 +158,7 @@ var table = []row{
 	{Adopt, NoGuard, []State{Absent}, NodeReady},
 	{Adopt, Staged, []State{Absent, NodeReady}, VolReady},
 	{Adopt, HasTargets, []State{Absent, NodeReady, VolReady, Published}, Published},
+	{Adopt, Attached, []State{Created}, NodeReady},
 	{Rebuild, Detached, []State{Absent}, Created},
 	{Rebuild, Attached, []State{Absent}, NodeReady},
 	{Rollback, Unstaged, []State{VolReady, Published}, NodeReady},

@@ -64,11 +64,11 @@ func TestEveryStateEventPair(t *testing.T) {
 			VolReady: {{NoGuard, VolReady}}, Published: {{NoGuard, Published}},
 		},
 		Adopt: {
-			Absent:    {{NoGuard, NodeReady}, {Staged, VolReady}, {HasTargets, Published}},
-			Created:   {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, illegal}},
-			NodeReady: {{NoGuard, illegal}, {Staged, VolReady}, {HasTargets, Published}},
-			VolReady:  {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, Published}},
-			Published: {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, Published}},
+			Absent:    {{NoGuard, NodeReady}, {Staged, VolReady}, {HasTargets, Published}, {Attached, illegal}},
+			Created:   {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, illegal}, {Attached, NodeReady}},
+			NodeReady: {{NoGuard, illegal}, {Staged, VolReady}, {HasTargets, Published}, {Attached, illegal}},
+			VolReady:  {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, Published}, {Attached, illegal}},
+			Published: {{NoGuard, illegal}, {Staged, illegal}, {HasTargets, Published}, {Attached, illegal}},
 		},
 		Rebuild: {
 			Absent:    {{Detached, Created}, {Attached, NodeReady}, {NoGuard, illegal}},

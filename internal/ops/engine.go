@@ -112,9 +112,9 @@ type Config struct {
 	NodeID string
 	// Adopt, if set, lets node_stage adopt volumes unknown to the store.
 	Adopt Adopter
-	// Verify, if set, checks a node record's mounts before a repeated
-	// NodeStage or NodePublish is answered from it.
-	Verify Verifier
+	// Confirm, if set, checks with the host or the cloud a request the
+	// record says is done, before it is answered from the record.
+	Confirm Confirmer
 	// Forget says the store holds this node's records alone (node mode):
 	// a volume that node_unstage leaves with nothing staged or published
 	// here is forgotten in the same commit (fsm.Forget; see Forget). In
@@ -308,8 +308,10 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 		}
 		switch d.kind {
 		case done:
-			if !e.verifiedDone(ctx, req, d.vol) {
-				continue // the mount it answered from is gone; the record is rolled back
+			if ok, err := e.confirmedDone(ctx, req, d.vol); err != nil {
+				return Outcome{}, asError(err)
+			} else if !ok {
+				continue // the world disagrees with the record, which is corrected: plan again
 			}
 			return Outcome{Volume: *d.vol}, nil
 		case reject:

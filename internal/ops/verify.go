@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -10,12 +11,29 @@ import (
 	"github.com/csid-dev/csid/internal/store"
 )
 
-// Verifier answers whether a path a node record names is really mounted. A
-// node engine uses it before it answers a repeated NodeStage or NodePublish
-// from its record: the mount may have gone behind csid's back (an unmount
-// by hand, a cleanup tool), and "already done" would then hand kubelet an
-// empty directory.
-type Verifier func(ctx context.Context, path string) (mounted bool, err error)
+// Confirmer is asked, before a request is answered from a volume's record
+// (the record says it is done already: a repeated NodeStageVolume or
+// ControllerPublishVolume, a CreateVolume of an existing name), whether the
+// host or the cloud agrees. A mount may have gone behind csid's back (an
+// unmount by hand, a reboot), a disk may have been detached out of band;
+// "already done" would then hand kubelet an empty directory, or report a
+// disk attached that is not.
+//
+// It returns nil when the world agrees; or the correction that brings the
+// record in line with what is there, which the engine records before
+// planning the request again (and this time running it). An error means
+// the answer cannot be confirmed now, and is the request's answer.
+type Confirmer func(ctx context.Context, req Request, v *store.Volume) (*Correction, error)
+
+// Correction is what a Confirmer found: the record as it should be, and the
+// lifecycle step that takes the stored record there (a step that records
+// what is, with no effect: rollback, adopt), with why.
+type Correction struct {
+	Volume *store.Volume
+	Event  fsm.Event
+	Guard  fsm.Guard
+	Why    string
+}
 
 // ForgetUnmounted returns the record without the stage and targets that are
 // no longer mounted (and the state that leaves), the guard of the rollback
@@ -66,55 +84,30 @@ func Forget(tx *store.Tx, v *store.Volume, why string, now time.Time) error {
 	return tx.Reconcile(nv, fsm.Forget, fsm.NoGuard, why, now)
 }
 
-// verifiedDone checks a request the record says is done (a repeated
-// NodeStage or NodePublish) against the host. When the mount it answers
-// from is gone, it rolls the record back (with a note) and reports false:
-// the caller plans again, and this time runs the request.
-func (e *Engine) verifiedDone(ctx context.Context, req Request, v *store.Volume) bool {
-	if e.cfg.Verify == nil || (req.Event != fsm.NodeStage && req.Event != fsm.NodePublish) {
-		return true
+// confirmedDone asks the Confirmer about a request the record says is
+// done. It reports whether the answer stands; when it does not, the
+// correction has been recorded (unless the volume moved on meanwhile) and
+// the caller plans again.
+func (e *Engine) confirmedDone(ctx context.Context, req Request, v *store.Volume) (bool, error) {
+	if e.cfg.Confirm == nil || v == nil || v.State == fsm.Absent {
+		return true, nil
 	}
-	var path string
-	switch a := req.Args.(type) {
-	case *NodeStageArgs:
-		if v.Capability.AccessType == "block" {
-			return true
-		}
-		path = a.StagingPath
-	case *NodePublishArgs:
-		path = a.TargetPath
-	}
-	if ok, err := e.cfg.Verify(ctx, path); err != nil || ok {
-		return true // cannot tell: answer as before
-	}
-	paths := []string{}
-	if v.Stage != nil && v.Stage.Path != "" {
-		paths = append(paths, v.Stage.Path)
-	}
-	for t := range v.Targets {
-		paths = append(paths, t)
-	}
-	mounted := map[string]bool{}
-	for _, p := range paths {
-		ok, err := e.cfg.Verify(ctx, p)
-		mounted[p] = ok || err != nil
+	fix, err := e.cfg.Confirm(ctx, req, v)
+	if err != nil || fix == nil {
+		return err == nil, err
 	}
 	now := e.cfg.Clock.Now()
-	err := e.st.Update(func(tx *store.Tx) error {
+	err = e.st.Update(func(tx *store.Tx) error {
 		cur, err := tx.Volume(v.ID)
 		if err != nil || cur == nil || cur.ActiveOp != 0 || cur.Generation != v.Generation {
 			return err // it moved on meanwhile: plan again from what it is now
 		}
-		nv, guard, why := ForgetUnmounted(cur, func(p string) bool { return mounted[p] })
-		if nv == nil {
-			return nil
-		}
-		return tx.Reconcile(nv, fsm.Rollback, guard, why, now)
+		return tx.Reconcile(fix.Volume.Clone(), fix.Event, fix.Guard, fix.Why, now)
 	})
 	if err != nil {
-		e.log.Error().Err(err).Str("volume", v.ID).Msg("cannot record that a mount is gone")
-		return true
+		return false, fmt.Errorf("record that volume %s is not as its record says (%s): %w", v.ID, fix.Why, err)
 	}
-	e.log.Warn().Str("volume", v.ID).Str("path", path).Msgf("%s: recorded as mounted, but it is not; doing it again", req.Event)
-	return false
+	e.log.Warn().Str("volume", v.ID).Str("event", string(req.Event)).Str("found", fix.Why).
+		Msgf("%s: the record said done, but it is not; doing it again", req.Event)
+	return false, nil
 }
