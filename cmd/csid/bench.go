@@ -10,6 +10,7 @@ import (
 
 	"github.com/csid-dev/csid/internal/bench"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,15 +18,8 @@ import (
 // shows failures, an interruption or volumes left behind.
 var errBenchFailed = errors.New("the run was not clean (see the report)")
 
-func newBench() *cobra.Command {
-	var cfg bench.Config
-	var phases []string
-	var size, output, plot string
-	var progress bool
-	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Measure a CSI driver: ops/s and p50/p90/p99 per RPC, beside the floor",
-		Long: `Run a load against a CSI endpoint (csid or any other driver) and report the
+// benchLong is `csid bench --help`'s description.
+const benchLong = `Run a load against a CSI endpoint (csid or any other driver) and report the
 throughput and latency of each RPC, phase by phase:
 
   probe      Probe calls
@@ -53,88 +47,50 @@ nothing of the run is left.
 The report goes to stdout (a table, or JSON with -o json: docs/benchmarks.md
 describes its fields); a progress line goes to stderr when it is a terminal.
 The exit code is 1 when any unit failed, the run was interrupted, or a volume
-was left behind.`,
-		Example: `  # csid on the fake backend, in the background
+was left behind.`
+
+// benchExample is `csid bench --help`'s examples.
+const benchExample = `  # csid on the fake backend, in the background
   csid serve --cloud fake --state-dir /tmp/csid-fake &
   csid bench --endpoint unix:///tmp/csid-fake/csi.sock --floor-dir /tmp/csid-fake \
     --concurrency 1,8 --rounds 5 --existing 5000 --plot bench.svg
 
   # only the lifecycle, as JSON
-  csid bench --endpoint /var/lib/kubelet/plugins/csid.csi.dev/csi.sock --phases lifecycle -o json`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if cfg.SizeBytes, err = bench.ParseSize(size); err != nil {
-				return err
-			}
-			for _, p := range phases {
-				cfg.Phases = append(cfg.Phases, bench.Phase(p))
-			}
-			if output != "table" && output != "json" {
-				return fmt.Errorf("-o %q: table or json", output)
-			}
-			if cfg.Endpoint == "" {
-				dir, err := filepath.Abs("csid-data")
-				if err != nil {
-					return err
-				}
-				cfg.Endpoint = "unix://" + filepath.Join(dir, "csi.sock")
-			}
-			if progress || isTerminal(os.Stderr) {
-				cfg.Progress = cmd.ErrOrStderr()
-			}
-			// The first SIGINT or SIGTERM ends the measurements (main's
-			// context); the second abandons the cleanup.
-			abandon := make(chan struct{})
-			sigs := make(chan os.Signal, 2)
-			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-			defer func() { signal.Stop(sigs); close(sigs) }()
-			go func() {
-				if _, ok := <-sigs; !ok {
-					return
-				}
-				fmt.Fprintln(cmd.ErrOrStderr(), "\ninterrupted: deleting the volumes of this run; interrupt again to leave them to the next run")
-				if _, ok := <-sigs; ok {
-					close(abandon)
-				}
-			}()
-			cfg.Abandon = abandon
+  csid bench --endpoint /var/lib/kubelet/plugins/csid.csi.dev/csi.sock --phases lifecycle -o json`
 
-			rep, runErr := bench.Run(cmd.Context(), cfg)
-			if rep != nil {
-				out := cmd.OutOrStdout()
-				if output == "json" {
-					err = rep.WriteJSON(out)
-				} else {
-					err = rep.WriteTable(out)
-				}
-				if err != nil {
-					return err
-				}
-				if plot != "" {
-					if err := writePlot(plot, rep); err != nil {
-						return err
-					}
-				}
-			}
-			if runErr != nil {
-				return fmt.Errorf("bench: %w", runErr)
-			}
-			if !cfg.CleanupOnly && !rep.OK() {
-				return errBenchFailed
-			}
-			return nil
-		},
+// benchOptions are the flags of `csid bench`.
+type benchOptions struct {
+	cfg                bench.Config
+	phases             []string
+	size, output, plot string
+	progress           bool
+}
+
+func newBench() *cobra.Command {
+	var o benchOptions
+	cmd := &cobra.Command{
+		Use:     "bench",
+		Short:   "Measure a CSI driver: ops/s and p50/p90/p99 per RPC, beside the floor",
+		Long:    benchLong,
+		Example: benchExample,
+		Args:    cobra.NoArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
-	f := cmd.Flags()
+	o.flags(cmd.Flags())
+	return cmd
+}
+
+// flags defines the flags of `csid bench` on f.
+func (o *benchOptions) flags(f *pflag.FlagSet) {
+	cfg := &o.cfg
 	f.StringVar(&cfg.Endpoint, "endpoint", "", "the driver's CSI endpoint: unix:///path, /path or host:port (default unix://<./csid-data>/csi.sock)")
-	f.StringSliceVar(&phases, "phases", []string{"probe", "create", "delete", "lifecycle", "scale"}, "phases to run, in this order")
+	f.StringSliceVar(&o.phases, "phases", []string{"probe", "create", "delete", "lifecycle", "scale"}, "phases to run, in this order")
 	f.IntSliceVarP(&cfg.Concurrency, "concurrency", "c", []int{8}, "workers; several values (1,8) measure each phase at each")
 	f.IntVarP(&cfg.Count, "count", "n", 100, "units per measurement: calls, lifecycles or create+delete pairs")
 	f.IntVar(&cfg.Existing, "existing", 1000, "volumes the scale phase creates before its second measurement (0: only the first)")
 	f.IntVar(&cfg.Rounds, "rounds", 1, "repeat everything; the summary gives medians, the ratios are taken round by round")
 	f.IntVar(&cfg.Slices, "slices", 0, "cut each measurement into this many slices, run alternately at each concurrency (default: 25 units per worker per slice)")
-	f.StringVar(&size, "size", "64Mi", "each volume's size (Ki, Mi, Gi, or bytes)")
+	f.StringVar(&o.size, "size", "64Mi", "each volume's size (Ki, Mi, Gi, or bytes)")
 	f.StringVar(&cfg.AccessType, "access-type", "mount", "mount or block")
 	f.StringVar(&cfg.FsType, "fs-type", "ext4", "filesystem of mount volumes")
 	f.StringToStringVar(&cfg.Parameters, "parameter", nil, "a CreateVolume parameter, key=value (repeatable)")
@@ -147,10 +103,86 @@ was left behind.`,
 	f.StringVar(&cfg.FloorDir, "floor-dir", "", "directory of the floor's bbolt file: the driver's state dir's file system (default: the temporary directory)")
 	f.StringVar(&cfg.JournalDir, "journal-dir", "", "where runs journal their volumes (default ~/.cache/csid-bench)")
 	f.BoolVar(&cfg.CleanupOnly, "cleanup-only", false, "only clean up after killed runs against --endpoint")
-	f.StringVarP(&output, "output", "o", "table", "report format: table or json")
-	f.StringVar(&plot, "plot", "", "also write an SVG chart of p50 and p99 per RPC to this file")
-	f.BoolVar(&progress, "progress", false, "draw the progress line on stderr even when it is not a terminal")
-	return cmd
+	f.StringVarP(&o.output, "output", "o", "table", "report format: table or json")
+	f.StringVar(&o.plot, "plot", "", "also write an SVG chart of p50 and p99 per RPC to this file")
+	f.BoolVar(&o.progress, "progress", false, "draw the progress line on stderr even when it is not a terminal")
+}
+
+// run is `csid bench`: check the flags, run the load with an interrupt
+// that ends the measurements and, a second time, the cleanup, and report.
+func (o *benchOptions) run(cmd *cobra.Command) error {
+	cfg := o.cfg
+	var err error
+	if cfg.SizeBytes, err = bench.ParseSize(o.size); err != nil {
+		return err
+	}
+	for _, p := range o.phases {
+		cfg.Phases = append(cfg.Phases, bench.Phase(p))
+	}
+	if o.output != "table" && o.output != "json" {
+		return fmt.Errorf("-o %q: table or json", o.output)
+	}
+	if cfg.Endpoint == "" {
+		dir, err := filepath.Abs("csid-data")
+		if err != nil {
+			return err
+		}
+		cfg.Endpoint = "unix://" + filepath.Join(dir, "csi.sock")
+	}
+	if o.progress || isTerminal(os.Stderr) {
+		cfg.Progress = cmd.ErrOrStderr()
+	}
+	var stop func()
+	cfg.Abandon, stop = abandonOnSecondSignal(cmd)
+	defer stop()
+
+	rep, runErr := bench.Run(cmd.Context(), cfg)
+	if rep != nil {
+		if err := o.report(cmd, rep); err != nil {
+			return err
+		}
+	}
+	if runErr != nil {
+		return fmt.Errorf("bench: %w", runErr)
+	}
+	if !cfg.CleanupOnly && !rep.OK() {
+		return errBenchFailed
+	}
+	return nil
+}
+
+// abandonOnSecondSignal returns a channel closed by a second SIGINT or
+// SIGTERM: the first ends the measurements (main's context), the second
+// abandons the cleanup. stop releases the signals.
+func abandonOnSecondSignal(cmd *cobra.Command) (abandon <-chan struct{}, stop func()) {
+	ch := make(chan struct{})
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		fmt.Fprintln(cmd.ErrOrStderr(), "\ninterrupted: deleting the volumes of this run; interrupt again to leave them to the next run")
+		if _, ok := <-sigs; ok {
+			close(ch)
+		}
+	}()
+	return ch, func() { signal.Stop(sigs); close(sigs) }
+}
+
+// report writes the report in the asked format, and the plot if asked.
+func (o *benchOptions) report(cmd *cobra.Command, rep *bench.Report) error {
+	out := cmd.OutOrStdout()
+	var err error
+	if o.output == "json" {
+		err = rep.WriteJSON(out)
+	} else {
+		err = rep.WriteTable(out)
+	}
+	if err != nil || o.plot == "" {
+		return err
+	}
+	return writePlot(o.plot, rep)
 }
 
 func writePlot(path string, rep *bench.Report) error {
