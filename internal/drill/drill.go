@@ -100,55 +100,14 @@ const (
 // early (then Interrupted is set); cells that were running are cleaned up.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	start := time.Now()
-	if cfg.Binary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		cfg.Binary = exe
-	}
-	if os.Geteuid() != 0 {
-		return nil, errors.New("the drill needs root: csid's local backend uses loop devices, mkfs and mounts")
-	}
-	scenarios, err := pick(cfg.Scenarios)
+	scenarios, points, err := cfg.check()
 	if err != nil {
 		return nil, err
 	}
-	points := slices.Sorted(slices.Values(cfg.Points)) // a copy: the caller's slice stays as it was
-	if len(points) == 0 {
-		points = slices.Sorted(maps.Keys(crash.Points))
-	}
-	for _, p := range points {
-		if _, ok := crash.Points[p]; !ok {
-			return nil, fmt.Errorf("unknown crash point %q", p)
-		}
-	}
 	rep := &Report{Census: map[string]map[string]int{}, Fired: map[string]int{}}
-	type plan struct {
-		sc    scenario
-		point string
-		hit   int
-	}
-	var plans []plan
-	for _, sc := range scenarios {
-		census, err := runCensus(ctx, cfg, sc)
-		if err != nil {
-			if ctx.Err() != nil {
-				rep.Interrupted = true
-				return rep, nil
-			}
-			return rep, fmt.Errorf("census of scenario %s: %w", sc.Name, err)
-		}
-		rep.Census[sc.Name] = census
-		for _, p := range points {
-			hits := census[p]
-			if cfg.FirstHitOnly {
-				hits = min(hits, 1)
-			}
-			for h := 1; h <= hits; h++ {
-				plans = append(plans, plan{sc, p, h})
-			}
-		}
+	plans, err := planCells(ctx, cfg, scenarios, points, rep)
+	if err != nil || rep.Interrupted {
+		return rep, err
 	}
 	for i, pl := range plans {
 		if ctx.Err() != nil {
@@ -164,17 +123,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			rep.Interrupted = true
 			break
 		}
-		rep.Cells = append(rep.Cells, c)
-		switch c.Result {
-		case Pass:
-			rep.Passed++
-			rep.Fired[c.Point]++
-		case Fail:
-			rep.Failed++
-			if c.Restarts > 0 {
-				rep.Fired[c.Point]++
-			}
-		}
+		rep.add(c)
 	}
 	if cfg.Progress != nil && !rep.Interrupted {
 		cfg.Progress(len(plans), len(plans), Cell{})
@@ -188,6 +137,85 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	return rep, nil
+}
+
+// check fills in the binary (this one) and returns the scenarios and the
+// crash points to drill, refusing unknown ones and a run without root.
+func (cfg *Config) check() ([]scenario, []string, error) {
+	if cfg.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.Binary = exe
+	}
+	if os.Geteuid() != 0 {
+		return nil, nil, errors.New("the drill needs root: csid's local backend uses loop devices, mkfs and mounts")
+	}
+	scenarios, err := pick(cfg.Scenarios)
+	if err != nil {
+		return nil, nil, err
+	}
+	points := slices.Sorted(slices.Values(cfg.Points)) // a copy: the caller's slice stays as it was
+	if len(points) == 0 {
+		points = slices.Sorted(maps.Keys(crash.Points))
+	}
+	for _, p := range points {
+		if _, ok := crash.Points[p]; !ok {
+			return nil, nil, fmt.Errorf("unknown crash point %q", p)
+		}
+	}
+	return scenarios, points, nil
+}
+
+// cellPlan is one cell to run: a scenario killed at a point's n-th hit.
+type cellPlan struct {
+	sc    scenario
+	point string
+	hit   int
+}
+
+// planCells runs each scenario's census and lists the cells: every hit of
+// every point it reaches (or the first, with FirstHitOnly). An interrupted
+// census marks the report interrupted.
+func planCells(ctx context.Context, cfg Config, scenarios []scenario, points []string, rep *Report) ([]cellPlan, error) {
+	var plans []cellPlan
+	for _, sc := range scenarios {
+		census, err := runCensus(ctx, cfg, sc)
+		if err != nil {
+			if ctx.Err() != nil {
+				rep.Interrupted = true
+				return nil, nil
+			}
+			return nil, fmt.Errorf("census of scenario %s: %w", sc.Name, err)
+		}
+		rep.Census[sc.Name] = census
+		for _, p := range points {
+			hits := census[p]
+			if cfg.FirstHitOnly {
+				hits = min(hits, 1)
+			}
+			for h := 1; h <= hits; h++ {
+				plans = append(plans, cellPlan{sc, p, h})
+			}
+		}
+	}
+	return plans, nil
+}
+
+// add counts a cell's result in the report.
+func (r *Report) add(c Cell) {
+	r.Cells = append(r.Cells, c)
+	switch c.Result {
+	case Pass:
+		r.Passed++
+		r.Fired[c.Point]++
+	case Fail:
+		r.Failed++
+		if c.Restarts > 0 {
+			r.Fired[c.Point]++
+		}
+	}
 }
 
 func pick(names []string) ([]scenario, error) {
