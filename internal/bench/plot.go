@@ -23,64 +23,18 @@ const (
 // floor's p50s (Probe's round trip, a bare bbolt commit) as vertical lines.
 // It is hand-written SVG: no plotting dependency.
 func (r *Report) WriteSVG(w io.Writer) error {
-	type row struct {
-		label    string
-		p50, p99 float64
-	}
-	var rows []row
-	lo, hi := math.Inf(1), 0.0
-	see := func(v float64) {
-		if v > 0 {
-			lo, hi = min(lo, v), max(hi, v)
-		}
-	}
-	for _, s := range r.Summary {
-		if s.Phase == string(PhaseFloor) {
-			continue
-		}
-		for _, st := range s.RPCs {
-			l := fmt.Sprintf("%s c=%d", s.Phase, s.Concurrency)
-			if s.Phase == string(PhaseScale) {
-				l += fmt.Sprintf(" existing=%d", s.Existing)
-			}
-			rows = append(rows, row{label: l + "  " + st.Method, p50: st.P50, p99: st.P99})
-			see(st.P50)
-			see(st.P99)
-		}
-	}
-	see(r.Floor.Probe.P50)
-	see(r.Floor.BoltUpdate.P50)
-	if hi == 0 {
-		lo, hi = 1e-4, 1
-	}
-	lmin, lmax := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
-	if lmax <= lmin {
-		lmax = lmin + 1
-	}
-	x := func(v float64) float64 {
-		if v <= 0 {
-			return plotLabelW
-		}
-		return plotLabelW + (math.Log10(v)-lmin)/(lmax-lmin)*plotChartW
-	}
+	rows := r.plotRows()
+	sc := newLogScale(rows, r.Floor.Probe.P50, r.Floor.BoltUpdate.P50)
 	height := plotTop + len(rows)*plotRowH + plotBottom
 	width := plotLabelW + plotChartW + plotRightW
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
 		width, height, width, height)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
-	title := fmt.Sprintf("csid bench: %s %s, latency per RPC (medians of %d round(s), %d units each)",
-		r.Target.Driver, r.Target.Version, r.Config.Rounds, r.Config.Count)
-	fmt.Fprintf(&b, `<text x="10" y="20" font-size="14" font-weight="bold">%s</text>`+"\n", html.EscapeString(title))
-	// Legend.
-	fmt.Fprintf(&b, `<rect x="10" y="34" width="14" height="8" fill="#2b6cb0"/><text x="28" y="42">p50</text>`+"\n")
-	fmt.Fprintf(&b, `<rect x="70" y="34" width="14" height="8" fill="#90cdf4"/><text x="88" y="42">p99</text>`+"\n")
-	fmt.Fprintf(&b, `<line x1="130" y1="38" x2="150" y2="38" stroke="#c53030" stroke-dasharray="4 3"/><text x="154" y="42">floor p50: Probe round trip %s ms, bbolt commit %s ms (%s)</text>`+"\n",
-		ms(r.Floor.Probe.P50), ms(r.Floor.BoltUpdate.P50), html.EscapeString(r.Floor.FSType))
-	// Decades.
+	r.plotHeader(&b)
 	axisY := plotTop + len(rows)*plotRowH
-	for d := lmin; d <= lmax; d++ {
-		xx := x(math.Pow(10, d))
+	for d := sc.lmin; d <= sc.lmax; d++ {
+		xx := sc.x(math.Pow(10, d))
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#e2e8f0"/>`+"\n", xx, plotTop-6, xx, axisY)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", xx, axisY+16, decade(d))
 	}
@@ -90,11 +44,11 @@ func (r *Report) WriteSVG(w io.Writer) error {
 		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", plotLabelW-8, y+13, html.EscapeString(rw.label))
 		if rw.p50 > 0 {
 			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="8" fill="#2b6cb0"><title>p50 %s ms</title></rect>`+"\n",
-				plotLabelW, y+2, x(rw.p50)-plotLabelW, ms(rw.p50))
+				plotLabelW, y+2, sc.x(rw.p50)-plotLabelW, ms(rw.p50))
 		}
 		if rw.p99 > 0 {
 			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="8" fill="#90cdf4"><title>p99 %s ms</title></rect>`+"\n",
-				plotLabelW, y+11, x(rw.p99)-plotLabelW, ms(rw.p99))
+				plotLabelW, y+11, sc.x(rw.p99)-plotLabelW, ms(rw.p99))
 		}
 	}
 	for i, f := range []struct {
@@ -104,13 +58,82 @@ func (r *Report) WriteSVG(w io.Writer) error {
 		if f.v <= 0 {
 			continue
 		}
-		xx := x(f.v)
+		xx := sc.x(f.v)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#c53030" stroke-dasharray="4 3"/>`+"\n", xx, plotTop-6-12*i, xx, axisY)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="#c53030" text-anchor="middle">%s</text>`+"\n", xx, plotTop-8-12*i, f.name)
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// plotRow is one bar pair of the chart: an RPC of a phase at a concurrency.
+type plotRow struct {
+	label    string
+	p50, p99 float64
+}
+
+// plotRows lists the chart's rows, every RPC of every phase but the floor.
+func (r *Report) plotRows() []plotRow {
+	var rows []plotRow
+	for _, s := range r.Summary {
+		if s.Phase == string(PhaseFloor) {
+			continue
+		}
+		for _, st := range s.RPCs {
+			l := fmt.Sprintf("%s c=%d", s.Phase, s.Concurrency)
+			if s.Phase == string(PhaseScale) {
+				l += fmt.Sprintf(" existing=%d", s.Existing)
+			}
+			rows = append(rows, plotRow{label: l + "  " + st.Method, p50: st.P50, p99: st.P99})
+		}
+	}
+	return rows
+}
+
+// logScale maps latencies to x on whole decades covering every value shown.
+type logScale struct{ lmin, lmax float64 }
+
+func newLogScale(rows []plotRow, floors ...float64) logScale {
+	lo, hi := math.Inf(1), 0.0
+	see := func(v float64) {
+		if v > 0 {
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	for _, rw := range rows {
+		see(rw.p50)
+		see(rw.p99)
+	}
+	for _, f := range floors {
+		see(f)
+	}
+	if hi == 0 {
+		lo, hi = 1e-4, 1
+	}
+	sc := logScale{math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))}
+	if sc.lmax <= sc.lmin {
+		sc.lmax = sc.lmin + 1
+	}
+	return sc
+}
+
+func (sc logScale) x(v float64) float64 {
+	if v <= 0 {
+		return plotLabelW
+	}
+	return plotLabelW + (math.Log10(v)-sc.lmin)/(sc.lmax-sc.lmin)*plotChartW
+}
+
+// plotHeader writes the chart's title and legend.
+func (r *Report) plotHeader(b *strings.Builder) {
+	title := fmt.Sprintf("csid bench: %s %s, latency per RPC (medians of %d round(s), %d units each)",
+		r.Target.Driver, r.Target.Version, r.Config.Rounds, r.Config.Count)
+	fmt.Fprintf(b, `<text x="10" y="20" font-size="14" font-weight="bold">%s</text>`+"\n", html.EscapeString(title))
+	fmt.Fprintf(b, `<rect x="10" y="34" width="14" height="8" fill="#2b6cb0"/><text x="28" y="42">p50</text>`+"\n")
+	fmt.Fprintf(b, `<rect x="70" y="34" width="14" height="8" fill="#90cdf4"/><text x="88" y="42">p99</text>`+"\n")
+	fmt.Fprintf(b, `<line x1="130" y1="38" x2="150" y2="38" stroke="#c53030" stroke-dasharray="4 3"/><text x="154" y="42">floor p50: Probe round trip %s ms, bbolt commit %s ms (%s)</text>`+"\n",
+		ms(r.Floor.Probe.P50), ms(r.Floor.BoltUpdate.P50), html.EscapeString(r.Floor.FSType))
 }
 
 // decade labels 10^d seconds.
