@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/csid-dev/csid/internal/devuse"
 )
 
 // ErrBusy: the device is in use (mounted, or opened exclusively), so it is
@@ -41,8 +43,8 @@ const (
 	flagAutoClear = 4
 )
 
-// loopMajor is the block major of loop devices.
-const loopMajor = 7
+// Major is the block major number of loop devices.
+const Major = 7
 
 // sysBlock is where the kernel lists block devices.
 const sysBlock = "/sys/block"
@@ -172,11 +174,44 @@ func Backing(path string) (FileID, error) {
 }
 
 func backingOf(f *os.File) (FileID, error) {
+	b, err := BindingOf(f)
+	return b.File, err
+}
+
+// Binding is what an open loop device is bound to, as the kernel says.
+type Binding struct {
+	// File is the identity of the backing file.
+	File FileID
+	// AutoClear: the device is being released; it goes as soon as its
+	// last opener closes it.
+	AutoClear bool
+	// ReadOnly: the binding is read-only.
+	ReadOnly bool
+}
+
+// BindingOf reports what the open loop device f is bound to
+// (LOOP_GET_STATUS64 on the descriptor). An unbound device is an error
+// wrapping unix.ENXIO. While f stays open the binding cannot change: the
+// kernel refuses to bind a device that is bound, and a release asked for
+// meanwhile (LOOP_CLR_FD) only marks it AutoClear until the last opener
+// closes it.
+func BindingOf(f *os.File) (Binding, error) {
 	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
 	if err != nil {
-		return FileID{}, fmt.Errorf("%s: LOOP_GET_STATUS64: %w", f.Name(), err)
+		return Binding{}, fmt.Errorf("%s: LOOP_GET_STATUS64: %w", f.Name(), err)
 	}
-	return FileID{Dev: info.Device, Ino: info.Inode}, nil
+	return Binding{File: FileID{Dev: info.Device, Ino: info.Inode},
+		AutoClear: info.Flags&flagAutoClear != 0, ReadOnly: info.Flags&flagReadOnly != 0}, nil
+}
+
+// Number returns N of a loop device's path, /dev/loopN; ok is false for
+// any other path.
+func Number(path string) (int, bool) {
+	name, ok := strings.CutPrefix(path, "/dev/")
+	if !ok || strings.Contains(name, "/") {
+		return 0, false
+	}
+	return loopNumber(name)
 }
 
 // Find returns the bound loop devices whose backing file is id. candidate,
@@ -316,7 +351,7 @@ func ensureNode(path string, n int) error {
 	if err == nil || !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	err = unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(loopMajor, uint32(n))))
+	err = unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(Major, uint32(n))))
 	if err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("create %s: %w", path, err)
 	}
@@ -325,14 +360,17 @@ func ensureNode(path string, n int) error {
 
 // Release unbinds the device at path if it is still bound to the file id,
 // and waits until the kernel has let it go (or ctx ends). A device that is
-// mounted or otherwise opened exclusively is ErrBusy and stays bound. A
-// device already released, or bound to another file since, is success: it
-// is not this file's any more.
+// mounted or otherwise opened exclusively, or whose node is bind-mounted
+// on a file (a raw block volume's target: such a bind does not hold the
+// device open, and would show the next file bound to the device), is
+// ErrBusy and stays bound. A device already released, or bound to another
+// file since, is success: it is not this file's any more.
 //
-// The exclusive open held across the check and the release keeps a mount
-// from slipping in between. Openers that are not exclusive (a process
-// reading the device, udev probing it) delay the release until they close;
-// Release waits for that.
+// The exclusive open held across the checks and the release keeps a mount,
+// or the bind of an opener that opens exclusively, from slipping in
+// between. Openers that are not exclusive (a process reading the device,
+// udev probing it) delay the release until they close; Release waits for
+// that.
 func Release(ctx context.Context, path string, id FileID) error {
 	n, ok := loopNumber(filepath.Base(path))
 	if !ok {
@@ -357,6 +395,10 @@ func Release(ctx context.Context, path string, id FileID) error {
 		f.Close()
 		return fmt.Errorf("release %s: %w", path, err)
 	}
+	if err := notBound(f); err != nil {
+		f.Close()
+		return fmt.Errorf("release %s: %w", path, err)
+	}
 	// What sysfs says while the device is ours, to recognise it below
 	// without opening the device again (an opener delays the release).
 	before, bound, err := readSys(sysBlock, n)
@@ -370,6 +412,24 @@ func Release(ctx context.Context, path string, id FileID) error {
 		return fmt.Errorf("release %s: LOOP_CLR_FD: %w", path, err)
 	}
 	return waitReleased(ctx, n, before.BackingFile)
+}
+
+// notBound returns ErrBusy when the node of the open device f is
+// bind-mounted anywhere in the mount table (or, although the exclusive
+// open rules it out, a filesystem on it is mounted).
+func notBound(f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	uses, err := devuse.Of(uint64(st.Rdev))
+	if err != nil {
+		return err
+	}
+	if len(uses) > 0 {
+		return fmt.Errorf("%w: %s", ErrBusy, uses[0])
+	}
+	return nil
 }
 
 // waitReleased polls sysfs until loopN is unbound or bound to another file.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -127,6 +129,68 @@ func TestReleaseRefusesBusyDevice(t *testing.T) {
 	}
 	if got := find(t, id); len(got) != 1 {
 		t.Fatalf("busy device was released: Find = %+v", got)
+	}
+}
+
+// A device whose node is bind-mounted on a file (a raw block volume's
+// target) is in use although nothing holds it open: released, the device
+// would be bound to the next file under that target.
+func TestReleaseRefusesADeviceBoundOnAFile(t *testing.T) {
+	testutil.RequireRoot(t)
+	f, id := sparseFile(t, 4*mib)
+	d := attach(t, f, id, Options{})
+	target := filepath.Join(t.TempDir(), "target")
+	if err := os.WriteFile(target, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(d.Path, target, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) }) // should the test fail before its unmount
+	err := Release(context.Background(), d.Path, id)
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), target) {
+		t.Fatalf("Release of a device bound at %s = %v, want ErrBusy naming it", target, err)
+	}
+	if got := find(t, id); len(got) != 1 || got[0].AutoClear {
+		t.Fatalf("the bound device was touched: Find = %+v", got)
+	}
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := Release(context.Background(), d.Path, id); err != nil {
+		t.Fatalf("Release once unbound: %v", err)
+	}
+}
+
+// BindingOf reads the binding on the descriptor: the file, and the mark
+// of a release waiting for its openers.
+func TestBindingOf(t *testing.T) {
+	testutil.RequireRoot(t)
+	f, id := sparseFile(t, 4*mib)
+	d := attach(t, f, id, Options{ReadOnly: true})
+	dev, err := os.Open(d.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	if b, err := BindingOf(dev); err != nil || b != (Binding{File: id, ReadOnly: true}) {
+		t.Fatalf("BindingOf = %+v, %v; want %+v, read-only", b, err, id)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Release(ctx, d.Path, id); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if b, err := BindingOf(dev); err != nil || !b.AutoClear || b.File != id {
+		t.Fatalf("BindingOf while released = %+v, %v; want the same file, AutoClear", b, err)
+	}
+	if n, ok := Number(d.Path); !ok || "/dev/loop"+strconv.Itoa(n) != d.Path {
+		t.Fatalf("Number(%s) = %d, %v", d.Path, n, ok)
+	}
+	for _, p := range []string{"/dev/loop", "/dev/loop-control", "/dev/sda", "/tmp/dev/loop0", "/dev/x/loop0"} {
+		if _, ok := Number(p); ok {
+			t.Errorf("Number(%s) is ok", p)
+		}
 	}
 }
 
