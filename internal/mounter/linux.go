@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/csid-dev/csid/internal/crash"
+	"github.com/csid-dev/csid/internal/devuse"
 	"github.com/moby/sys/mountinfo"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
@@ -442,6 +443,38 @@ func (m *Linux) List(ctx context.Context) ([]MountPoint, error) {
 			Root:    in.Root,
 			Options: strings.Split(in.Options, ","),
 		})
+	}
+	return out, nil
+}
+
+// DeviceUses lists where device is in use in this process's mount table,
+// by its device number; see Mounter. A device node bound on a file is
+// found on devtmpfs and tmpfs only (internal/devuse).
+func (m *Linux) DeviceUses(ctx context.Context, device string) ([]DeviceUse, error) {
+	if err := ValidatePath(device); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(device)
+	if err != nil {
+		return nil, err
+	}
+	if !isBlock(fi) {
+		return nil, fmt.Errorf("%s is not a block device", device)
+	}
+	uses, err := devuse.Of(rdev(fi))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DeviceUse, 0, len(uses))
+	for _, u := range uses {
+		kind := FilesystemMount
+		if u.Kind == devuse.Node {
+			kind = DeviceBind
+		}
+		out = append(out, DeviceUse{Kind: kind, Path: u.Path})
 	}
 	return out, nil
 }

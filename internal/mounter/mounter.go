@@ -175,4 +175,28 @@ type Mounter interface {
 	Stats(ctx context.Context, path string) (Stats, error)
 	// List returns the host's mount table.
 	List(ctx context.Context) ([]MountPoint, error)
+	// DeviceUses lists where the block device is in use in the host's
+	// mount table, by device number: its filesystem mounted (a
+	// FilesystemMount; bind mounts of a directory of it look the same),
+	// or its node bound on a file (a DeviceBind).
+	DeviceUses(ctx context.Context, device string) ([]DeviceUse, error)
+}
+
+// DeviceUse is one place a block device is in use (Mounter.DeviceUses).
+type DeviceUse struct {
+	// Kind is FilesystemMount or DeviceBind.
+	Kind MountKind
+	// Path is the mount point.
+	Path string
+}
+
+// Paths returns the paths of the uses of kind k.
+func Paths(uses []DeviceUse, k MountKind) []string {
+	var out []string
+	for _, u := range uses {
+		if u.Kind == k {
+			out = append(out, u.Path)
+		}
+	}
+	return out
 }

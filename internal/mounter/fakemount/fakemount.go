@@ -550,6 +550,29 @@ func usage(dir string) (bytes, entries int64, err error) {
 	return bytes, entries, err
 }
 
+// DeviceUses lists where the fake has mounted device's filesystem (or a
+// bind of it) and bound device itself, in the order it mounted them; see
+// mounter.Mounter.
+func (m *Mounter) DeviceUses(ctx context.Context, device string) ([]mounter.DeviceUse, error) {
+	if err := mounter.ValidatePath(device); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []mounter.DeviceUse
+	for target, mt := range m.mounts {
+		switch {
+		case mt.device != device:
+		case mt.kind == kindDevice:
+			out = append(out, mounter.DeviceUse{Kind: mounter.DeviceBind, Path: target})
+		default:
+			out = append(out, mounter.DeviceUse{Kind: mounter.FilesystemMount, Path: target})
+		}
+	}
+	slices.SortFunc(out, func(a, b mounter.DeviceUse) int { return m.mounts[a.Path].seq - m.mounts[b.Path].seq })
+	return out, nil
+}
+
 // List returns what the fake has mounted, in the order it was mounted.
 func (m *Mounter) List(ctx context.Context) ([]mounter.MountPoint, error) {
 	m.mu.Lock()

@@ -56,6 +56,7 @@ func Run(t *testing.T, needsRoot bool, newEnv func(t *testing.T) Env) {
 		{"AnotherMountIsLeftAlone", testAnotherMount},
 		{"ContentIsNeverMountedOver", testContent},
 		{"UndoRemovesOnlyWhatWasMade", testPlanUndo},
+		{"DeviceUsesByDevice", testDeviceUses},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -563,4 +564,35 @@ func testPlanUndo(t *testing.T, e Env) {
 	made = mounter.Made{Kind: mounter.FilesystemMount, Source: dev, Created: true, Mounted: true}
 	must(t, m.Undo(ctx, staging, made))
 	gone(t, staging)
+}
+
+// uses fails unless DeviceUses(dev) lists exactly want, in order.
+func uses(t *testing.T, m mounter.Mounter, dev string, want ...mounter.DeviceUse) {
+	t.Helper()
+	got, err := m.DeviceUses(ctx, dev)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("DeviceUses(%s) = %+v, %v; want %+v", dev, got, err, want)
+	}
+}
+
+func testDeviceUses(t *testing.T, e Env) {
+	m := e.Mounter
+	fs, raw := e.Device(t, 64*mib), e.Device(t, 16*mib)
+	uses(t, m, fs)
+	staging := filepath.Join(e.Dir, "staging")
+	pod := filepath.Join(e.Dir, "pods", "a", "mount")
+	target := filepath.Join(e.Dir, "pods", "b", "volumeDevices", "disk")
+	mkdirs(t, filepath.Dir(pod), filepath.Dir(target))
+	must(t, m.FormatAndMount(ctx, fs, staging, "ext4", nil))
+	must(t, m.BindMount(ctx, staging, pod, false))
+	must(t, m.BindMountDevice(ctx, raw, target, false))
+	// A filesystem's bind mounts are its mounts too; a device's node bound
+	// on a file is another kind of use; each device has its own.
+	uses(t, m, fs, mounter.DeviceUse{Kind: mounter.FilesystemMount, Path: staging}, mounter.DeviceUse{Kind: mounter.FilesystemMount, Path: pod})
+	uses(t, m, raw, mounter.DeviceUse{Kind: mounter.DeviceBind, Path: target})
+	for _, p := range []string{pod, staging, target} {
+		must(t, m.Unmount(ctx, p))
+	}
+	uses(t, m, fs)
+	uses(t, m, raw)
 }
