@@ -341,7 +341,7 @@ func newProvider(ctx context.Context, o Options) (*provider, error) {
 			return nil, err
 		}
 		m := fakemount.New()
-		return &provider{cloud: c, host: sizedHost{Host: c.Host(o.NodeID), cloud: c, mounter: m}, mounter: m, zone: zone}, nil
+		return &provider{cloud: c, host: sizedHost{Host: c.Host(o.NodeID), mounter: m}, mounter: m, zone: zone}, nil
 	}
 	return nil, fmt.Errorf("unknown cloud %q (local or fake)", o.Cloud)
 }
@@ -350,20 +350,15 @@ func newProvider(ctx context.Context, o Options) (*provider, error) {
 // disks, as a real device is the size of its disk.
 type sizedHost struct {
 	cloud.Host
-	cloud   cloud.Cloud
 	mounter *fakemount.Mounter
 }
 
-func (h sizedHost) DevicePath(ctx context.Context, diskID string) (string, error) {
-	dev, err := h.Host.DevicePath(ctx, diskID)
+func (h sizedHost) OpenDevice(ctx context.Context, diskID string, opts cloud.OpenOptions) (*cloud.Device, error) {
+	dev, err := h.Host.OpenDevice(ctx, diskID, opts)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	d, err := h.cloud.GetDisk(ctx, diskID)
-	if err != nil {
-		return "", err
-	}
-	h.mounter.SetDeviceSize(dev, d.SizeBytes)
+	h.mounter.SetDeviceSize(dev.Path, dev.Disk.SizeBytes)
 	return dev, nil
 }
 

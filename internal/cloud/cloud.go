@@ -51,6 +51,14 @@ var (
 	ErrInvalid = errors.New("invalid argument")
 	// ErrTransient: the provider failed in a way that retrying may cure.
 	ErrTransient = errors.New("transient provider error")
+	// ErrIdentity: no device on this node could be proven to be the disk
+	// (Host.OpenDevice): a device that claims to be it is not, by the
+	// identity the provider guarantees.
+	ErrIdentity = errors.New("device identity not proven")
+	// ErrInUse: the disk's device is held exclusively by something else
+	// (a mounted filesystem; a release in progress), so it cannot be
+	// opened exclusively (OpenOptions.Exclusive).
+	ErrInUse = errors.New("device in use")
 )
 
 // Disk is a block-storage disk as the provider reports it.
@@ -183,14 +191,66 @@ type Cloud interface {
 type Host interface {
 	// NodeID is the node this host is.
 	NodeID() string
-	// DevicePath returns the block device of a disk attached to this node,
-	// waiting for it to appear. A disk not attached to this node is
-	// ErrNotFound. Repeat calls return the same device; after a restart of
-	// csid it is found again, never duplicated.
-	DevicePath(ctx context.Context, diskID string) (string, error)
+	// OpenDevice opens the block device of a disk attached to this node,
+	// waiting for it to appear, and proves on the open descriptor that it
+	// is that disk, by an identity the provider guarantees (not by a path:
+	// device names are reused as disks come and go). The proof holds until
+	// Close: while the descriptor is open the device cannot be given to
+	// another disk, so its Path names the proven disk for every use the
+	// caller makes of it meanwhile (format, mount, bind, grow).
+	//
+	// A disk not attached to this node is ErrNotFound. A device that does
+	// not prove to be the disk (opts.Hint, or one looked up that changed
+	// before it was opened) is dropped and the disk's device looked up
+	// again; when none proves to be it, ErrIdentity. Repeat calls open the
+	// same device; after a restart of csid it is found again, never
+	// duplicated.
+	OpenDevice(ctx context.Context, diskID string, opts OpenOptions) (*Device, error)
 	// Devices lists the devices this host has materialised for disks, keyed
 	// by disk ID (for inspection and leak checks).
 	Devices(ctx context.Context) (map[string]string, error)
+}
+
+// OpenOptions shape Host.OpenDevice.
+type OpenOptions struct {
+	// Hint is a device path remembered earlier (a record's). It is tried
+	// first and never trusted: it is used only if it proves to be the disk.
+	Hint string
+	// Exclusive opens the device exclusively (O_EXCL): nothing can mount
+	// a filesystem on it, or release it, until Close; one already held
+	// that way (mounted as a filesystem, being released) is ErrInUse. For
+	// uses that mount no filesystem: a raw block volume's bind.
+	Exclusive bool
+}
+
+// Device is the block device of a disk attached to this node, open and
+// proven to be that disk (Host.OpenDevice). Close it when the operation
+// that uses it is done.
+type Device struct {
+	// Disk is the disk as the provider reports it: its id, size and tags.
+	Disk Disk
+	// Path is the device node, e.g. /dev/loop3 (never a symbolic link).
+	// It names the proven disk while the Device is open.
+	Path string
+	// Number is the device number (major and minor) of the open device.
+	Number uint64
+	close  func() error
+}
+
+// NewDevice returns a Device that close releases (providers' Hosts make
+// them).
+func NewDevice(disk Disk, path string, number uint64, close func() error) *Device {
+	return &Device{Disk: disk, Path: path, Number: number, close: close}
+}
+
+// Close releases the device; after it, Path proves nothing.
+func (d *Device) Close() error {
+	if d == nil || d.close == nil {
+		return nil
+	}
+	c := d.close
+	d.close = nil
+	return c()
 }
 
 // Registrar is implemented by providers where a node announces itself (the

@@ -38,6 +38,7 @@ var kindTable = []struct {
 	kind ops.Kind
 }{
 	{cloud.ErrTransient, ops.Transient},
+	{cloud.ErrInUse, ops.Transient},
 	{mounter.ErrInUse, ops.Transient},
 	{store.ErrUnavailable, ops.Transient},
 	{context.DeadlineExceeded, ops.Transient},
@@ -46,6 +47,7 @@ var kindTable = []struct {
 	{cloud.ErrAttached, ops.Conflict},
 	{cloud.ErrLimitReached, ops.Exhausted},
 	{cloud.ErrInvalid, ops.Invalid},
+	{cloud.ErrIdentity, ops.Conflict},
 	{mounter.ErrInvalidPath, ops.Invalid},
 	{mounter.ErrSymlink, ops.Invalid},
 	{mounter.ErrFormatMismatch, ops.Conflict},

@@ -36,31 +36,6 @@ func (n *Node) Executors() map[fsm.Event]ops.Executor {
 	})
 }
 
-// diskOf is the disk a node op works on: the volume's, or (for a volume a
-// node adopted) the one the publish context names.
-func diskOf(v store.Volume, publishContext map[string]string) (string, error) {
-	if v.DiskID != "" {
-		return v.DiskID, nil
-	}
-	if id := publishContext[PublishContextDiskID]; id != "" {
-		return id, nil
-	}
-	return "", ops.Errorf(ops.Conflict, "volume %s: no disk recorded and no %s in the publish context", v.ID, PublishContextDiskID)
-}
-
-// device finds the block device of the volume's disk on this node.
-func (n *Node) device(ctx context.Context, v store.Volume, publishContext map[string]string) (string, error) {
-	diskID, err := diskOf(v, publishContext)
-	if err != nil {
-		return "", err
-	}
-	dev, err := n.Host.DevicePath(ctx, diskID)
-	if errors.Is(err, cloud.ErrNotFound) {
-		return "", ops.Errorf(ops.Conflict, "disk %s of volume %s is not attached to node %s", diskID, v.ID, n.Host.NodeID())
-	}
-	return dev, err
-}
-
 // checkpointMade is the checkpoint of a node op that names what its mount
 // makes (a mounter.Made, as JSON), written before anything is made.
 const checkpointMade = "made"
@@ -105,44 +80,60 @@ type stageExec struct{ n *Node }
 // Execute stages a volume: a mount volume's device is formatted if (and only
 // if) a successful probe finds it blank, mounted at the staging path, and
 // its filesystem grown to the device when the device is larger (after an
-// offline expansion). A block volume's staging only finds its device.
+// offline expansion). A block volume's staging only finds its device. The
+// device is the volume's disk, proven when it is opened and held open
+// until the stage is done (see device.go); a raw block volume's is opened
+// exclusively: no filesystem of it may be mounted.
 func (e stageExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
 	a, err := ops.DecodeArgs[ops.NodeStageArgs](x.Op)
 	if err != nil {
 		return ops.Result{}, err
 	}
-	dev, err := e.n.device(ctx, x.Volume, a.PublishContext)
+	block := a.Capability.AccessType == "block"
+	dev, err := e.n.open(ctx, x.Volume, a.PublishContext, cloud.OpenOptions{Exclusive: block})
 	if err != nil {
 		return ops.Result{}, err
 	}
+	defer dev.Close()
 	crash.Point(crash.NodeAfterLosetup)
-	size, err := e.n.Mounter.DeviceSize(ctx, dev)
+	size, err := e.n.Mounter.DeviceSize(ctx, dev.Path)
 	if err != nil {
 		return ops.Result{}, err
 	}
-	if a.Capability.AccessType == "block" {
-		return ops.Result{Device: dev, CapacityBytes: size}, nil
+	if !block {
+		if err := e.n.notBound(ctx, x.Op.VolumeID, dev); err != nil {
+			return ops.Result{}, err
+		}
+		if err := e.n.mountFilesystem(ctx, x, a, dev.Path); err != nil {
+			return ops.Result{}, err
+		}
 	}
+	return ops.Result{Device: dev.Path, CapacityBytes: size}, nil
+}
+
+// mountFilesystem formats the device if it is blank, mounts it at the
+// staging path, and grows its filesystem to it.
+func (n *Node) mountFilesystem(ctx context.Context, x *ops.Exec, a *ops.NodeStageArgs, dev string) error {
 	fsType := a.Capability.FsType
 	if fsType == "" {
 		fsType = DefaultFsType
 	}
-	m := e.n.Mounter
-	if err := e.n.record(ctx, x, mounter.FilesystemMount, dev, a.StagingPath); err != nil {
-		return ops.Result{}, fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
+	m := n.Mounter
+	if err := n.record(ctx, x, mounter.FilesystemMount, dev, a.StagingPath); err != nil {
+		return fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
 	}
 	// The mounter logs a format through the context's logger: only its own
 	// probe knows the device is blank.
 	if err := m.FormatAndMount(x.Log.WithContext(ctx), dev, a.StagingPath, fsType, a.Capability.MountFlags); err != nil {
-		return ops.Result{}, fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
+		return fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
 	}
 	crash.Point(crash.MounterAfterMount)
 	if grown, err := m.GrowFilesystem(ctx, dev, a.StagingPath); err != nil {
-		return ops.Result{}, fmt.Errorf("grow the filesystem of %s: %w", dev, err)
+		return fmt.Errorf("grow the filesystem of %s: %w", dev, err)
 	} else if grown {
 		x.Log.Info().Str("device", dev).Msg("grew the filesystem to the device")
 	}
-	return ops.Result{Device: dev, CapacityBytes: size}, nil
+	return nil
 }
 
 // Compensate undoes what a failed stage recorded it made at the staging
@@ -176,7 +167,11 @@ func (unstageExec) Compensate(context.Context, *ops.Exec) error { return nil }
 type nodePublishExec struct{ n *Node }
 
 // Execute bind-mounts the staging mount (a filesystem volume) or the device
-// (a raw block volume) at the target path, read-only if asked.
+// (a raw block volume) at the target path, read-only if asked. Either way
+// the volume's disk is proven first and held open until the bind is made:
+// a raw block volume's device is opened exclusively (no filesystem of it
+// can be mounted, and the backend cannot release it, meanwhile), and a
+// filesystem volume's staging mount must be of the disk's device.
 func (e nodePublishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
 	a, err := ops.DecodeArgs[ops.NodePublishArgs](x.Op)
 	if err != nil {
@@ -184,33 +179,25 @@ func (e nodePublishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, 
 	}
 	m := e.n.Mounter
 	if a.Capability.AccessType == "block" {
-		dev, err := e.n.publishDevice(ctx, x.Volume)
+		dev, err := e.n.open(ctx, x.Volume, nil, cloud.OpenOptions{Hint: hint(x.Volume), Exclusive: true})
 		if err != nil {
 			return ops.Result{}, err
 		}
-		if err := e.n.record(ctx, x, mounter.DeviceBind, dev, a.TargetPath); err != nil {
+		defer dev.Close()
+		if err := e.n.record(ctx, x, mounter.DeviceBind, dev.Path, a.TargetPath); err != nil {
 			return ops.Result{}, err
 		}
-		return ops.Result{}, m.BindMountDevice(ctx, dev, a.TargetPath, a.ReadOnly)
+		return ops.Result{}, m.BindMountDevice(ctx, dev.Path, a.TargetPath, a.ReadOnly)
 	}
-	if ok, err := m.IsMounted(ctx, a.StagingPath); err != nil {
+	dev, err := e.n.stagedFrom(ctx, x.Volume, a.StagingPath)
+	if err != nil {
 		return ops.Result{}, err
-	} else if !ok {
-		return ops.Result{}, ops.Errorf(ops.Conflict, "volume %s is not mounted at its staging path %s", x.Op.VolumeID, a.StagingPath)
 	}
+	defer dev.Close()
 	if err := e.n.record(ctx, x, mounter.DirBind, a.StagingPath, a.TargetPath); err != nil {
 		return ops.Result{}, err
 	}
 	return ops.Result{}, m.BindMount(ctx, a.StagingPath, a.TargetPath, a.ReadOnly)
-}
-
-// publishDevice is the device a raw block volume's publish binds: the one
-// its stage found, or the disk's device on this node.
-func (n *Node) publishDevice(ctx context.Context, v store.Volume) (string, error) {
-	if v.Stage != nil && v.Stage.Device != "" {
-		return v.Stage.Device, nil
-	}
-	return n.device(ctx, v, nil)
 }
 
 // Compensate undoes what a failed publish recorded it made at the target
@@ -240,22 +227,22 @@ func (nodeUnpublishExec) Compensate(context.Context, *ops.Exec) error { return n
 type nodeExpandExec struct{ n *Node }
 
 // Execute grows the staged filesystem to its device and reports the size.
+// The device is the volume's disk, proven and held open while it grows;
+// the growth checks that the staging path is a mount of it.
 func (e nodeExpandExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
 	st := x.Volume.Stage
 	if st == nil {
 		return ops.Result{}, ops.Errorf(ops.Conflict, "volume %s is not staged on this node", x.Op.VolumeID)
 	}
-	dev := st.Device
-	if dev == "" {
-		var err error
-		if dev, err = e.n.Mounter.DeviceOf(ctx, st.Path); err != nil {
-			return ops.Result{}, err
-		}
+	dev, err := e.n.open(ctx, x.Volume, nil, cloud.OpenOptions{Hint: st.Device})
+	if err != nil {
+		return ops.Result{}, err
 	}
-	if _, err := e.n.Mounter.GrowFilesystem(ctx, dev, st.Path); err != nil {
-		return ops.Result{}, fmt.Errorf("grow the filesystem of %s: %w", dev, err)
+	defer dev.Close()
+	if _, err := e.n.Mounter.GrowFilesystem(ctx, dev.Path, st.Path); err != nil {
+		return ops.Result{}, fmt.Errorf("grow the filesystem of %s: %w", dev.Path, err)
 	}
-	size, err := e.n.Mounter.DeviceSize(ctx, dev)
+	size, err := e.n.Mounter.DeviceSize(ctx, dev.Path)
 	if err != nil {
 		return ops.Result{}, err
 	}
@@ -267,7 +254,10 @@ func (nodeExpandExec) Compensate(context.Context, *ops.Exec) error { return nil 
 // Adopt is the node's ops.Adopter: the first time a node is asked to stage
 // a volume it has no record of (a node process keeps its own records), it
 // finds the disk the publish context names attached to this node and starts
-// a record for it in NODE_READY. A disk not attached here is NotFound.
+// a record for it in NODE_READY. A disk not attached here is NotFound; a
+// disk that does not carry the volume's id (an id no controller issued, or
+// another volume's publish context) is refused: no record is started, and
+// nothing is mounted.
 func (n *Node) Adopt(ctx context.Context, volumeID string, a *ops.NodeStageArgs) (*store.Volume, error) {
 	v, err := n.adopt(ctx, volumeID, a)
 	return v, kindOf(err)
@@ -278,13 +268,17 @@ func (n *Node) adopt(ctx context.Context, volumeID string, a *ops.NodeStageArgs)
 	if diskID == "" {
 		return nil, ops.Errorf(ops.NotFound, "volume %s is unknown to this node and the publish context names no disk (%s)", volumeID, PublishContextDiskID)
 	}
-	dev, err := n.Host.DevicePath(ctx, diskID)
+	dev, err := n.Host.OpenDevice(ctx, diskID, cloud.OpenOptions{})
 	if errors.Is(err, cloud.ErrNotFound) {
 		return nil, ops.Errorf(ops.NotFound, "volume %s (disk %s) is not attached to node %s", volumeID, diskID, n.Host.NodeID())
 	} else if err != nil {
 		return nil, err
 	}
-	size, err := n.Mounter.DeviceSize(ctx, dev)
+	defer dev.Close()
+	if err := carries(dev.Disk, volumeID); err != nil {
+		return nil, err
+	}
+	size, err := n.Mounter.DeviceSize(ctx, dev.Path)
 	if err != nil {
 		return nil, err
 	}

@@ -597,33 +597,64 @@ func testHost(t *testing.T, h *harness) {
 	}
 	h.addNode(cloud.Node{ID: "node-a"})
 	h.addNode(cloud.Node{ID: "node-b"})
-	d := h.create("pvc-1", 16*mib)
+	d := h.do(h.c.CreateDisk(ctx(t), cloud.DiskSpec{Name: "pvc-1", SizeBytes: 16 * mib, Tags: map[string]string{"owner": "pvc-1"}}))
 	hostA := h.p.Host(t, "node-a")
 	hostB := h.p.Host(t, "node-b")
 	if hostA.NodeID() != "node-a" {
 		t.Fatalf("NodeID = %q", hostA.NodeID())
 	}
-	if _, err := hostA.DevicePath(ctx(t), d.ID); !errors.Is(err, cloud.ErrNotFound) {
-		t.Fatalf("DevicePath of a detached disk: %v, want ErrNotFound", err)
+	if _, err := hostA.OpenDevice(ctx(t), d.ID, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrNotFound) {
+		t.Fatalf("OpenDevice of a detached disk: %v, want ErrNotFound", err)
 	}
 	h.do(h.c.AttachDisk(ctx(t), d.ID, "node-a"))
-	dev, err := hostA.DevicePath(ctx(t), d.ID)
-	if err != nil || dev == "" {
-		t.Fatalf("DevicePath = %q, %v", dev, err)
+	var opened []*cloud.Device
+	defer func() {
+		for _, dev := range opened {
+			dev.Close()
+		}
+	}()
+	open := func(id string, opts cloud.OpenOptions) *cloud.Device {
+		t.Helper()
+		dev, err := hostA.OpenDevice(ctx(t), id, opts)
+		if err != nil || dev.Path == "" || dev.Disk.ID != id || dev.Disk.AttachedTo != "node-a" {
+			t.Fatalf("OpenDevice(%s) = %+v, %v", id, dev, err)
+		}
+		opened = append(opened, dev)
+		return dev
 	}
-	if again, err := hostA.DevicePath(ctx(t), d.ID); err != nil || again != dev {
-		t.Fatalf("second DevicePath = %q, %v; want %q", again, err, dev)
+	first := open(d.ID, cloud.OpenOptions{})
+	if first.Disk.Tags["owner"] != "pvc-1" {
+		t.Fatalf("the device's disk has tags %v, want the disk's", first.Disk.Tags)
 	}
-	if _, err := hostB.DevicePath(ctx(t), d.ID); !errors.Is(err, cloud.ErrNotFound) {
-		t.Fatalf("DevicePath on the other node: %v, want ErrNotFound", err)
+	dev := first.Path
+	if again := open(d.ID, cloud.OpenOptions{Hint: dev}); again.Path != dev || again.Number != first.Number {
+		t.Fatalf("second OpenDevice = %s (%d); want %s (%d)", again.Path, again.Number, dev, first.Number)
+	}
+	// A hint that names another disk's device proves not to be this one:
+	// the disk's own device is opened instead.
+	d2 := h.create("pvc-2", 16*mib)
+	h.do(h.c.AttachDisk(ctx(t), d2.ID, "node-a"))
+	if other := open(d2.ID, cloud.OpenOptions{Hint: dev}); other.Path == dev || other.Number == first.Number {
+		t.Fatalf("OpenDevice of %s with %s's device as a hint opened %s", d2.ID, d.ID, other.Path)
+	}
+	if _, err := hostB.OpenDevice(ctx(t), d.ID, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrNotFound) {
+		t.Fatalf("OpenDevice on the other node: %v, want ErrNotFound", err)
 	}
 	devs, err := hostA.Devices(ctx(t))
 	if err != nil || devs[d.ID] != dev {
 		t.Fatalf("Devices = %v, %v; want %s at %s", devs, err, d.ID, dev)
 	}
-	h.do(h.c.DetachDisk(ctx(t), d.ID, "node-a"))
-	if _, err := hostA.DevicePath(ctx(t), d.ID); !errors.Is(err, cloud.ErrNotFound) {
-		t.Fatalf("DevicePath after detach: %v, want ErrNotFound", err)
+	// A detach releases the device once it is closed.
+	for _, dev := range opened {
+		if err := dev.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{d.ID, d2.ID} {
+		h.do(h.c.DetachDisk(ctx(t), id, "node-a"))
+	}
+	if _, err := hostA.OpenDevice(ctx(t), d.ID, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrNotFound) {
+		t.Fatalf("OpenDevice after detach: %v, want ErrNotFound", err)
 	}
 	if devs, err := hostA.Devices(ctx(t)); err != nil || len(devs) != 0 {
 		t.Fatalf("Devices after detach = %v, %v; want none", devs, err)

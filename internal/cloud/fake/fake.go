@@ -30,6 +30,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -809,16 +810,23 @@ type host struct {
 
 func (h *host) NodeID() string { return h.node }
 
-// DevicePath returns DevicePrefix + diskID for a disk attached to this node
-// (the attach operation finished), else ErrNotFound. It never waits.
-func (h *host) DevicePath(_ context.Context, diskID string) (string, error) {
+// OpenDevice returns the device DevicePrefix + diskID of a disk attached
+// to this node (the attach operation finished), else ErrNotFound; see
+// cloud.Host. It never waits, and proves nothing: the fake's devices are
+// names, nothing is opened, and its identity is the disk id itself (the
+// hint is ignored, Exclusive holds nothing). Its Number is the disk's
+// sequence number.
+func (h *host) OpenDevice(_ context.Context, diskID string, _ cloud.OpenOptions) (*cloud.Device, error) {
 	h.c.mu.Lock()
 	defer h.c.mu.Unlock()
 	d, ok := h.c.disks[diskID]
 	if !ok || !d.created || d.d.AttachedTo != h.node {
-		return "", fmt.Errorf("disk %q is not attached to node %s: %w", diskID, h.node, cloud.ErrNotFound)
+		return nil, fmt.Errorf("disk %q is not attached to node %s: %w", diskID, h.node, cloud.ErrNotFound)
 	}
-	return DevicePrefix + diskID, nil
+	n, _ := strconv.ParseUint(strings.TrimPrefix(diskID, "disk-"), 16, 64)
+	disk := d.d
+	disk.Tags = maps.Clone(disk.Tags)
+	return cloud.NewDevice(disk, DevicePrefix+diskID, n, nil), nil
 }
 
 // Devices lists the disks attached to this node and their device paths.

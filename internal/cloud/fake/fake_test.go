@@ -228,13 +228,13 @@ func TestHostDevicePathsAreStable(t *testing.T) {
 	c, d := newCloud(t)
 	h := c.Host("node-a")
 	done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a"))
-	p1, err := h.DevicePath(context.Background(), d.ID)
+	d1, err := h.OpenDevice(context.Background(), d.ID, cloud.OpenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2, _ := c.Host("node-a").DevicePath(context.Background(), d.ID)
-	if p1 != fake.DevicePrefix+d.ID || p1 != p2 {
-		t.Fatalf("device paths %q and %q, want %q", p1, p2, fake.DevicePrefix+d.ID)
+	d2, _ := c.Host("node-a").OpenDevice(context.Background(), d.ID, cloud.OpenOptions{Hint: "/dev/elsewhere"})
+	if d1.Path != fake.DevicePrefix+d.ID || d1.Path != d2.Path || d1.Number != d2.Number || d2.Disk.ID != d.ID {
+		t.Fatalf("devices %+v and %+v, want %q of %s", d1, d2, fake.DevicePrefix+d.ID, d.ID)
 	}
 }
 

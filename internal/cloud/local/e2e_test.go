@@ -54,7 +54,7 @@ func TestOfflineExpansionEndToEnd(t *testing.T) {
 
 			d := wait(controller.CreateDisk(ctx, cloud.DiskSpec{Name: "pvc-e2e", SizeBytes: size}))
 			wait(controller.AttachDisk(ctx, d.ID, "node-a"))
-			dev, err := node.Host("node-a").DevicePath(ctx, d.ID)
+			dev, err := devicePath(ctx, node.Host("node-a"), d.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -77,7 +77,7 @@ func TestOfflineExpansionEndToEnd(t *testing.T) {
 			// memory, the same device.
 			node.Close()
 			node = open(t, dir, Options{})
-			if again, err := node.Host("node-a").DevicePath(ctx, d.ID); err != nil || again != dev {
+			if again, err := devicePath(ctx, node.Host("node-a"), d.ID); err != nil || again != dev {
 				t.Fatalf("after the node's restart: %q, %v; want %s", again, err, dev)
 			}
 			if n := len(loopsOf(t, node, d.ID)); n != 1 {
@@ -99,7 +99,7 @@ func TestOfflineExpansionEndToEnd(t *testing.T) {
 				t.Fatalf("resize left %+v", grown)
 			}
 			wait(controller.AttachDisk(ctx, d.ID, "node-a"))
-			dev, err = node.Host("node-a").DevicePath(ctx, d.ID)
+			dev, err = devicePath(ctx, node.Host("node-a"), d.ID)
 			if err != nil {
 				t.Fatal(err)
 			}

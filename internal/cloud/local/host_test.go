@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -46,7 +48,7 @@ func TestDeviceIsFoundAgainNeverDuplicated(t *testing.T) {
 	c := open(t, dir, Options{})
 	d := attached(t, c, 64*mib)
 
-	first, err := c.Host("node-a").DevicePath(context.Background(), d.ID)
+	first, err := devicePath(context.Background(), c.Host("node-a"), d.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +56,7 @@ func TestDeviceIsFoundAgainNeverDuplicated(t *testing.T) {
 
 	// A restart of csid: a new client of the same directory.
 	c = open(t, dir, Options{})
-	again, err := c.Host("node-a").DevicePath(context.Background(), d.ID)
+	again, err := devicePath(context.Background(), c.Host("node-a"), d.ID)
 	if err != nil || again != first {
 		t.Fatalf("after a restart: %q, %v; want %q", again, err, first)
 	}
@@ -66,7 +68,7 @@ func TestDeviceIsFoundAgainNeverDuplicated(t *testing.T) {
 	for i := range paths {
 		client := open(t, dir, Options{})
 		wg.Go(func() {
-			paths[i], errs[i] = client.Host("node-a").DevicePath(context.Background(), d.ID)
+			paths[i], errs[i] = devicePath(context.Background(), client.Host("node-a"), d.ID)
 		})
 	}
 	wg.Wait()
@@ -99,7 +101,7 @@ func TestDetachRefusesADeviceInUse(t *testing.T) {
 	dir := newDir(t)
 	c := open(t, dir, Options{})
 	d := attached(t, c, 16*mib)
-	dev, err := c.Host("node-a").DevicePath(context.Background(), d.ID)
+	dev, err := devicePath(context.Background(), c.Host("node-a"), d.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +130,7 @@ func TestDetachRefusesADeviceInUse(t *testing.T) {
 
 // A device left bound to a detached disk (a leak: someone ran losetup by
 // hand) is reported by Devices, released before the disk grows (it would
-// keep the old size), and replaced by DevicePath when its size is wrong.
+// keep the old size), and replaced by OpenDevice when its size is wrong.
 func TestStaleDevicesAreReplaced(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := newDir(t)
@@ -167,7 +169,7 @@ func TestStaleDevicesAreReplaced(t *testing.T) {
 	if _, err := c.AttachDisk(context.Background(), d.ID, "node-a"); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := c.Host("node-a").DevicePath(context.Background(), d.ID)
+	dev, err := devicePath(context.Background(), c.Host("node-a"), d.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,4 +177,102 @@ func TestStaleDevicesAreReplaced(t *testing.T) {
 	if len(devs) != 1 || devs[0].Path != dev || devs[0].SizeBytes != 32*mib {
 		t.Fatalf("devices of the disk: %+v, want one of 32 MiB at %s (the leak was %s)", devs, dev, leaked.Path)
 	}
+}
+
+// devicePath opens the device of a disk, proven, and closes it again: the
+// path of the device the disk has.
+func devicePath(ctx context.Context, h *Host, diskID string) (string, error) {
+	dev, err := h.OpenDevice(ctx, diskID, cloud.OpenOptions{})
+	if err != nil {
+		return "", err
+	}
+	return dev.Path, dev.Close()
+}
+
+// A disk's device stays that disk's while OpenDevice's caller holds it: a
+// detach cannot release it (nor, so, give it to another disk). It waits
+// for the holder and gives up with its context, and the disk stays
+// attached; once the device is closed, the release completes. Held
+// exclusively, the device makes the detach fail at once.
+func TestAnOpenDeviceStaysTheDisks(t *testing.T) {
+	testutil.RequireRoot(t)
+	c := open(t, newDir(t), Options{})
+	d := attached(t, c, 16*mib)
+	h := c.Host("node-a")
+	ctx := context.Background()
+
+	dev, err := h.OpenDevice(ctx, d.ID, cloud.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = c.DetachDisk(short, d.ID, "node-a")
+	cancel()
+	if !errors.Is(err, cloud.ErrTransient) {
+		t.Fatalf("detach of a device held open: %v, want ErrTransient", err)
+	}
+	if got, _ := c.GetDisk(ctx, d.ID); got.AttachedTo != "node-a" {
+		t.Fatalf("the detach that could not release the device detached the disk: %+v", got)
+	}
+	if devs := loopsOf(t, c, d.ID); len(devs) != 1 || devs[0].Path != dev.Path || !devs[0].AutoClear {
+		t.Fatalf("loop devices of the disk while held: %+v, want %s, still bound, to be released", devs, dev.Path)
+	}
+	if err := dev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if devs := loopsOf(t, c, d.ID); len(devs) != 0 {
+		t.Fatalf("closed, the device is still bound: %+v", devs)
+	}
+
+	// The disk is still attached: it gets a device again, and held
+	// exclusively, it is not released at all.
+	dev, err = h.OpenDevice(ctx, d.ID, cloud.OpenOptions{Exclusive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DetachDisk(ctx, d.ID, "node-a"); !errors.Is(err, cloud.ErrTransient) {
+		t.Fatalf("detach of a device held exclusively: %v, want ErrTransient", err)
+	}
+	if devs := loopsOf(t, c, d.ID); len(devs) != 1 || devs[0].AutoClear {
+		t.Fatalf("the refused detach touched the device: %+v", devs)
+	}
+	dev.Close()
+	if _, err := c.DetachDisk(ctx, d.ID, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.OpenDevice(ctx, d.ID, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrNotFound) {
+		t.Fatalf("OpenDevice of the detached disk: %v, want ErrNotFound", err)
+	}
+}
+
+// An exclusive open of a device whose filesystem is mounted is ErrInUse;
+// a hint that is no loop device, or another disk's, is not trusted.
+func TestOpenDeviceExclusiveAndHints(t *testing.T) {
+	testutil.RequireRoot(t)
+	c := open(t, newDir(t), Options{})
+	d := attached(t, c, 16*mib)
+	h := c.Host("node-a")
+	ctx := context.Background()
+	dev, err := h.OpenDevice(ctx, d.ID, cloud.OpenOptions{Hint: "/dev/null"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := dev.Path
+	dev.Close()
+	if out, err := exec.Command("mkfs.ext4", "-q", path).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v: %s", err, out)
+	}
+	mnt := t.TempDir()
+	if err := unix.Mount(path, mnt, "ext4", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(mnt, 0)
+	if _, err := h.OpenDevice(ctx, d.ID, cloud.OpenOptions{Exclusive: true}); !errors.Is(err, cloud.ErrInUse) {
+		t.Fatalf("exclusive OpenDevice of a mounted device: %v, want ErrInUse", err)
+	}
+	shared, err := h.OpenDevice(ctx, d.ID, cloud.OpenOptions{Hint: path})
+	if err != nil || shared.Path != path {
+		t.Fatalf("OpenDevice of a mounted device: %+v, %v; want %s", shared, err, path)
+	}
+	shared.Close()
 }

@@ -241,8 +241,8 @@ func TestMalformedIDsNeverReachAPath(t *testing.T) {
 		if _, err := c.WaitOperation(ctx, id); !errors.Is(err, cloud.ErrNotFound) {
 			t.Errorf("WaitOperation(%q): %v, want ErrNotFound", id, err)
 		}
-		if _, err := c.Host("node-a").DevicePath(ctx, id); !errors.Is(err, cloud.ErrNotFound) {
-			t.Errorf("DevicePath(%q): %v, want ErrNotFound", id, err)
+		if _, err := devicePath(ctx, c.Host("node-a"), id); !errors.Is(err, cloud.ErrNotFound) {
+			t.Errorf("OpenDevice(%q): %v, want ErrNotFound", id, err)
 		}
 		for name, call := range map[string]func() (cloud.Operation, error){
 			"DeleteDisk": func() (cloud.Operation, error) { return c.DeleteDisk(ctx, id) },
