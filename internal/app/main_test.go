@@ -35,6 +35,7 @@ type childOptions struct {
 	NodeID          string
 	ShutdownTimeout time.Duration
 	HostToolGrace   time.Duration
+	KubeletRoot     string
 }
 
 func TestMain(m *testing.M) {
@@ -57,7 +58,7 @@ func childMain(raw string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	err := app.Run(ctx, app.Options{Mode: co.Mode, Endpoint: co.Endpoint, StateDir: co.StateDir, Cloud: co.Cloud, NodeID: co.NodeID,
-		ShutdownTimeout: co.ShutdownTimeout, HostToolGrace: co.HostToolGrace,
+		ShutdownTimeout: co.ShutdownTimeout, HostToolGrace: co.HostToolGrace, KubeletRoot: co.KubeletRoot,
 		Log: zerolog.New(os.Stderr).Level(zerolog.InfoLevel)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "csid:", err)
