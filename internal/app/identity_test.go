@@ -237,7 +237,8 @@ func TestStaleDeviceOfAForceDetachedVolumeIsNeverBound(t *testing.T) {
 
 	a := o.create(t, "pvc-a", vc)
 	stagingA := o.blockStaging(t, "pv-a")
-	if err := o.stage(a, stagingA, vc, o.attach(t, a, vc)); err != nil {
+	pcA := o.attach(t, a, vc)
+	if err := o.stage(a, stagingA, vc, pcA); err != nil {
 		t.Fatal(err)
 	}
 	podA := o.blockTarget(t, "pv-a", "pod-a1")
@@ -264,15 +265,38 @@ func TestStaleDeviceOfAForceDetachedVolumeIsNeverBound(t *testing.T) {
 	wantCode(t, o.publish(a, stagingA, podA2, vc), codes.FailedPrecondition, "not attached")
 	notThere(t, "the refused publish of A", podA2)
 	expectMarker(t, "B's target", podB, b)
+	// A repeated NodeStageVolume of A is not answered "staged" either.
+	wantCode(t, o.stage(a, stagingA, vc, pcA), codes.FailedPrecondition, "not attached")
 
 	// The attacher attaches A again: A gets another device; the publish
 	// finds it by its identity and binds A's disk.
 	o.attach(t, a, vc)
+	if err := o.stage(a, stagingA, vc, pcA); err != nil {
+		t.Fatal(err)
+	}
 	if err := o.publish(a, stagingA, podA2, vc); err != nil {
 		t.Fatal(err)
 	}
 	expectMarker(t, "A's target after A was attached again", podA2, a)
 	expectMarker(t, "B's target", podB, b)
+
+	// A's target swapped, by hand, for a bind of B's device: the repeated
+	// NodePublishVolume of A is not answered "published"; once the bind is
+	// gone, it binds A's disk again.
+	if err := unix.Unmount(podA2, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(o.stagedDevice(t, b), podA2, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, o.publish(a, stagingA, podA2, vc), codes.FailedPrecondition, "not bound to its disk")
+	if err := unix.Unmount(podA2, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.publish(a, stagingA, podA2, vc); err != nil {
+		t.Fatal(err)
+	}
+	expectMarker(t, "A's target, published again", podA2, a)
 
 	o.unpublish(t, a, podA2)
 	o.unpublish(t, b, podB)

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/fsm"
+	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/store"
 )
@@ -106,13 +109,16 @@ func (c *Controller) confirmDetached(v *store.Volume, d cloud.Disk, node string)
 // NodePublishVolume is answered from the record only while the mount it
 // names is there. When it is gone, the record is rolled back to what the
 // host has (every mount of the volume it names is looked at), and the
-// request mounts again.
+// request mounts again. A raw block volume's, whose staging path is no
+// mount, is answered only while its disk's device proves to be there
+// (and its target, to be bound to it): see confirmRaw.
 func (n *Node) Confirm(ctx context.Context, req ops.Request, v *store.Volume) (*ops.Correction, error) {
 	var path string
+	block := v.Capability.AccessType == "block"
 	switch a := req.Args.(type) {
 	case *ops.NodeStageArgs:
-		if v.Capability.AccessType == "block" {
-			return nil, nil // a raw block volume's staging path is no mount
+		if block {
+			return nil, n.confirmRaw(ctx, v, "")
 		}
 		path = a.StagingPath
 	case *ops.NodePublishArgs:
@@ -120,8 +126,12 @@ func (n *Node) Confirm(ctx context.Context, req ops.Request, v *store.Volume) (*
 	default:
 		return nil, nil
 	}
-	if ok, err := n.Mounter.IsMounted(ctx, path); err != nil || ok {
+	if ok, err := n.Mounter.IsMounted(ctx, path); err != nil {
 		return nil, err
+	} else if ok && block {
+		return nil, n.confirmRaw(ctx, v, path)
+	} else if ok {
+		return nil, nil
 	}
 	paths := []string{}
 	if v.Stage != nil && v.Stage.Path != "" {
@@ -143,4 +153,29 @@ func (n *Node) Confirm(ctx context.Context, req ops.Request, v *store.Volume) (*
 		return nil, nil
 	}
 	return &ops.Correction{Volume: nv, Event: fsm.Rollback, Guard: guard, Why: why}, nil
+}
+
+// confirmRaw confirms a raw block volume's stage (and, when target is not
+// "", its target): its disk's device proves to be on this node, carrying
+// its id, and the target is a bind of that device. A disk detached behind
+// the node's back, or a target bound to another device (a disk detached
+// while bound, its device given to another), is an error naming it, never
+// "done"; nothing is changed (`csid check` reports the target).
+func (n *Node) confirmRaw(ctx context.Context, v *store.Volume, target string) error {
+	dev, err := n.open(ctx, *v, nil, cloud.OpenOptions{Hint: hint(*v)})
+	if err != nil {
+		return fmt.Errorf("volume %s is recorded staged on this node: %w", v.ID, err)
+	}
+	defer dev.Close()
+	if target == "" {
+		return nil
+	}
+	uses, err := n.Mounter.DeviceUses(ctx, dev.Path)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(mounter.Paths(uses, mounter.DeviceBind), filepath.Clean(target)) {
+		return ops.Errorf(ops.Conflict, "the target %s of volume %s is not bound to its disk %s (%s); `csid check` reports it", target, v.ID, dev.Disk.ID, dev.Path)
+	}
+	return nil
 }
