@@ -31,9 +31,9 @@ for its driver name; --kubelet-root and --driver-name for a state file),
 and those of csid's devices and recorded paths. Mounts in another kubelet
 directory, or for another driver, are not csid's and are not compared.
 
-Findings: disk-without-volume, volume-without-disk, attachment-unknown,
-attachment-missing, loop-device-unaccounted, mount-unaccounted,
-mount-missing (docs/operations.md explains each). A volume with an op in
+Findings: device-mismatch, disk-without-volume, volume-without-disk,
+attachment-unknown, attachment-missing, loop-device-unaccounted,
+mount-unaccounted, mount-missing (docs/operations.md explains each). A volume with an op in
 flight, or whose record changed while csid check read, is left out and
 named in a note.
 

@@ -24,6 +24,8 @@ import (
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/csid-dev/csid/internal/view/viewtest"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // checkRun runs `csid check args... -o json` and returns its exit code and
@@ -52,8 +54,9 @@ func findingKinds(d checkDoc) []check.Kind {
 // condition, made for real behind csid's back, with exit 1: a disk with no
 // record, a record whose disk is gone, a loop device no volume accounts
 // for, a mount no volume accounts for, an attachment the records do not
-// know, and a published volume whose mount is gone (and a second loop
-// device of a disk in use).
+// know, a published volume whose mount is gone, and a target that is a
+// mount of another volume's disk (and a second loop device of a disk in
+// use).
 func TestCheckFindsEachConditionForReal(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
@@ -216,6 +219,39 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 	expect("an attachment the store does not know", check.AttachmentUnknown, "attached to node-1")
 	do(cl.DetachDisk(ctx, diskOf(spare), "node-1"))
 	expectClean("the disk detached")
+
+	// 7. The published volume's target swapped for a mount of another
+	// volume's disk (staged, and accounted for, itself).
+	pcSpare := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: spare, NodeId: "node-1", VolumeCapability: vc})).Must(t)
+	stagingSpare := filepath.Join(kubelet, "plugins/kubernetes.io/csi", driver.DefaultName, "5d2a77/globalmount")
+	if err := os.MkdirAll(stagingSpare, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: spare, StagingTargetPath: stagingSpare, VolumeCapability: vc, PublishContext: pcSpare.PublishContext})).Must(t)
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(stagingSpare, target, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	f := expect("a target that is a mount of another volume's disk", check.DeviceMismatch, "bound to disk "+diskOf(spare)+" (volume "+spare+")")
+	if f.Volume != pub || f.Path != target {
+		t.Errorf("the finding is about %s at %s, want %s at %s", f.Volume, f.Path, pub, target)
+	}
+	// ... and kubelet's repeated NodePublishVolume is not told it is done.
+	_, err = c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: pub, TargetPath: target, StagingTargetPath: staging, VolumeCapability: vc})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a repeated NodePublishVolume at a target of another disk: %v, want FailedPrecondition", err)
+	}
+	if err := unix.Unmount(target, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(staging, target, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: spare, StagingTargetPath: stagingSpare})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: spare, NodeId: "node-1"})).Must(t)
+	expectClean("the target bound to its own disk again")
 
 	// 6. The published volume's mount gone behind csid's back.
 	if err := unix.Unmount(target, 0); err != nil {

@@ -15,6 +15,8 @@ import (
 	"github.com/csid-dev/csid/internal/admin"
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/app/apptest"
+	"github.com/csid-dev/csid/internal/check"
+	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
@@ -267,6 +269,11 @@ func TestStaleDeviceOfAForceDetachedVolumeIsNeverBound(t *testing.T) {
 	expectMarker(t, "B's target", podB, b)
 	// A repeated NodeStageVolume of A is not answered "staged" either.
 	wantCode(t, o.stage(a, stagingA, vc, pcA), codes.FailedPrecondition, "not attached")
+	// And csid check says A's record names B's device.
+	if f := o.check(t); len(f) != 1 || f[0].Kind != check.DeviceMismatch || f[0].Volume != a ||
+		!strings.Contains(f[0].Problem, "staged from "+devA+" as its record says, and "+devA+" is bound to disk") {
+		t.Fatalf("csid check found %+v, want A's device mismatch", f)
+	}
 
 	// The attacher attaches A again: A gets another device; the publish
 	// finds it by its identity and binds A's disk.
@@ -289,7 +296,7 @@ func TestStaleDeviceOfAForceDetachedVolumeIsNeverBound(t *testing.T) {
 	if err := unix.Mount(o.stagedDevice(t, b), podA2, "", unix.MS_BIND, ""); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, o.publish(a, stagingA, podA2, vc), codes.FailedPrecondition, "not bound to its disk")
+	wantCode(t, o.publish(a, stagingA, podA2, vc), codes.FailedPrecondition, "is not a mount of its disk")
 	if err := unix.Unmount(podA2, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -304,6 +311,7 @@ func TestStaleDeviceOfAForceDetachedVolumeIsNeverBound(t *testing.T) {
 	o.unstage(t, b, stagingB)
 	o.detach(t, a)
 	o.detach(t, b)
+	o.clean(t)
 }
 
 // reuseDevice creates raw block volumes, attaches and stages each until
@@ -379,6 +387,38 @@ func TestPhantomVolumeIdNeverStagesAnotherVolumesDisk(t *testing.T) {
 	o.unpublish(t, a, podA)
 	o.unstage(t, a, stagingA)
 	o.detach(t, a)
+	o.clean(t)
+}
+
+// check compares the controller's and the node's records with the cloud
+// and the host, as csid check does in the node plugin's pod.
+func (o *overlay) check(t *testing.T) []check.Finding {
+	t.Helper()
+	ctx := context.Background()
+	insp, err := local.OpenInspector(o.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []check.RecordSource
+	for _, m := range []driver.Mode{driver.ModeController, driver.ModeNode} {
+		c := admin.NewClient(app.AdminSocketPath(o.dir, m), 5*time.Second)
+		defer c.Close()
+		recs = append(recs, check.RecordSource{Name: string(m), Mode: string(m), Source: c})
+	}
+	in, err := check.Gather(ctx, check.Sources{Records: recs, Cloud: insp, Mounts: mounter.New(), HostNodes: []string{"node-1"},
+		DriverName: driver.DefaultName, KubeletRoot: o.kubelet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return check.Compare(in).Findings
+}
+
+// clean fails unless csid check finds nothing.
+func (o *overlay) clean(t *testing.T) {
+	t.Helper()
+	if f := o.check(t); len(f) != 0 {
+		t.Fatalf("csid check found %+v", f)
+	}
 }
 
 // inspectNodeVolume reads the node's record of a volume through its admin
@@ -465,4 +505,5 @@ func TestRawBlockNeverWhileMountedAsFilesystem(t *testing.T) {
 	o.unstage(t, a, stagingA)
 	o.detach(t, a)
 	o.detach(t, b)
+	o.clean(t)
 }

@@ -19,6 +19,8 @@
 //	loop-device-unaccounted  a loop device of the state directory's disks that no attached volume explains
 //	mount-unaccounted        a mount of csid's (in its kubelet directories, or of its devices) that no record explains
 //	mount-missing            a record says staged or published at a path where nothing is mounted
+//	device-mismatch          a volume's staging or target path is a mount of another device than its disk's,
+//	                         or the device its record names is bound to another disk
 package check
 
 import (
@@ -49,10 +51,11 @@ const (
 	LoopDeviceUnaccounted Kind = "loop-device-unaccounted"
 	MountUnaccounted      Kind = "mount-unaccounted"
 	MountMissing          Kind = "mount-missing"
+	DeviceMismatch        Kind = "device-mismatch"
 )
 
 // Kinds lists every kind, in report order.
-var Kinds = []Kind{DiskWithoutVolume, VolumeWithoutDisk, AttachmentUnknown, AttachmentMissing,
+var Kinds = []Kind{DeviceMismatch, DiskWithoutVolume, VolumeWithoutDisk, AttachmentUnknown, AttachmentMissing,
 	LoopDeviceUnaccounted, MountUnaccounted, MountMissing}
 
 // Finding is one disagreement between records, cloud and host.
@@ -216,6 +219,7 @@ func Compare(in Input) Report {
 	c.disks()
 	c.devices()
 	c.mounts()
+	c.identities()
 	if len(c.skip) > 0 {
 		var parts []string
 		for _, id := range slices.Sorted(maps.Keys(c.skip)) {
@@ -449,6 +453,67 @@ func (c *comparison) mounts() {
 	}
 }
 
+// identities compares the devices behind this host's node records with
+// their disks: the mount at a volume's staging path and at each of its
+// targets must be of a loop device bound to its disk's image, and the
+// device its record says it was staged from must not be bound to another
+// disk's. (A device number is reused once its disk lets it go: a device
+// path in a record, or a bind of a device node, can come to show another
+// disk.)
+func (c *comparison) identities() {
+	if !c.in.DevicesRead || !c.haveN {
+		return // devices() and mounts() say why in their notes
+	}
+	owner := map[string]string{} // device -> the disk bound to it
+	for diskID, devs := range c.in.Devices {
+		for _, dev := range devs {
+			owner[dev] = diskID
+		}
+	}
+	top := map[string]Mount{} // the top mount at each path
+	for _, m := range c.in.Mounts {
+		top[m.Path] = m
+	}
+	for _, v := range c.nodes {
+		if !c.onHost(v.Node) || c.skipped(v.ID) || !staged(v.State) || v.DiskID == "" {
+			continue
+		}
+		paths := []string{}
+		if v.AccessType != "block" && v.StagingPath != "" {
+			paths = append(paths, v.StagingPath)
+		}
+		for _, t := range v.Targets {
+			paths = append(paths, t.Path)
+		}
+		for _, p := range paths {
+			m, ok := top[p]
+			if !ok {
+				continue // mount-missing, when the mount table was read
+			}
+			if dev := mountDevice(m.MountPoint); !slices.Contains(c.in.Devices[v.DiskID], dev) {
+				c.add(mountOfAnotherDevice(v, p, m, dev, c.diskWords(owner[dev])))
+			}
+		}
+		if o, ok := owner[v.Device]; ok && o != v.DiskID {
+			c.add(recordOfAnotherDevice(v, c.diskWords(o), c.in.Devices[v.DiskID]))
+		}
+	}
+}
+
+// diskWords names a disk of this host's devices and the volume it carries
+// ("" for none).
+func (c *comparison) diskWords(diskID string) string {
+	if diskID == "" {
+		return ""
+	}
+	for _, d := range c.in.Disks {
+		if d.ID == diskID && d.Tags[effects.TagVolumeID] != "" {
+			return fmt.Sprintf("disk %s (volume %s)", diskID, d.Tags[effects.TagVolumeID])
+		}
+	}
+	return "disk " + diskID
+}
+
 // ownedPath reports whether a mount is in a directory kubelet made for the
 // driver of a csid read, under that csid's kubelet root: under
 // plugins/kubernetes.io/csi/<driver>/, or beside a vol_data.json that names
@@ -473,9 +538,10 @@ func (c *comparison) underKubelet(path string) bool {
 }
 
 // mountDevice is the block device a mount is of: its source, or for a
-// bind mount of a device node (a raw block volume) the node it binds.
+// bind mount of a device node (a raw block volume) the node it binds (from
+// the host's /dev, a devtmpfs, or a container's, a tmpfs).
 func mountDevice(m mounter.MountPoint) string {
-	if m.Type == "devtmpfs" && strings.HasPrefix(m.Root, "/loop") {
+	if (m.Type == "devtmpfs" || m.Type == "tmpfs") && strings.HasPrefix(m.Root, "/loop") {
 		return "/dev" + m.Root
 	}
 	return m.Device

@@ -116,6 +116,23 @@ func TestEachFinding(t *testing.T) {
 			in.Disks[1].AttachedTo = "node-1"
 			in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "udev", Type: "devtmpfs", Root: "/loop7", Path: "/tmp/x"}})
 		}, []Kind{MountUnaccounted}, "/dev/loop7"},
+		{"a target that is a mount of another disk's device", func(in *Input) {
+			otherAttached(in)
+			in.Mounts[3].Device = "/dev/loop7"
+		}, []Kind{DeviceMismatch}, "target path " + target + ", and that path is a mount of /dev/loop7, which is bound to disk disk-2 (volume vol-new)"},
+		{"a staging path with another filesystem mounted", func(in *Input) {
+			in.Mounts[2].Device, in.Mounts[2].Type = "tmpfs", "tmpfs"
+		}, []Kind{DeviceMismatch}, "staging path " + staging + ", and that path is a mount of tmpfs"},
+		{"a raw block target bound to a device of no disk", func(in *Input) {
+			v := &in.Stores[0].Volumes[0]
+			v.AccessType, v.StagingPath = "block", root+"/plugins/kubernetes.io/csi/volumeDevices/staging/pv-1"
+			in.Mounts = slices.Delete(in.Mounts, 2, 5) // no filesystem of it is mounted
+			in.Mounts = append(in.Mounts, Mount{MountPoint: mounter.MountPoint{Device: "udev", Type: "devtmpfs", Root: "/loop4", Path: target}})
+		}, []Kind{DeviceMismatch}, "mount of /dev/loop4 (devtmpfs from udev), not of its disk disk-1"},
+		{"a record's device bound to another disk", func(in *Input) {
+			otherAttached(in)
+			in.Stores[0].Volumes[0].Device = "/dev/loop7"
+		}, []Kind{DeviceMismatch}, "staged from /dev/loop7 as its record says, and /dev/loop7 is bound to disk disk-2 (volume vol-new); its disk's device is now /dev/loop3"},
 		{"a staging path with nothing mounted", func(in *Input) { in.Mounts = slices.Delete(in.Mounts, 2, 3) },
 			[]Kind{MountMissing}, "staging path"},
 		{"a target with nothing mounted", func(in *Input) { in.Mounts = slices.Delete(in.Mounts, 3, 4) },
@@ -138,6 +155,13 @@ func TestEachFinding(t *testing.T) {
 			}
 		})
 	}
+}
+
+// otherAttached attaches vol-new to node-1, with its device /dev/loop7.
+func otherAttached(in *Input) {
+	in.Devices["disk-2"] = []string{"/dev/loop7"}
+	in.Stores[0].Volumes[1].State, in.Stores[0].Volumes[1].Node = fsm.NodeReady, "node-1"
+	in.Disks[1].AttachedTo = "node-1"
 }
 
 // TestInFlightIsLeftOut: a volume with an op in flight, or whose record

@@ -122,3 +122,34 @@ func mountMissing(v view.Volume, path string) Finding {
 			"and mounts the volume again. Restarting csid's node plugin repairs the record too", v.Node),
 	}
 }
+
+func mountOfAnotherDevice(v view.Volume, path string, m Mount, dev, other string) Finding {
+	what := "target"
+	if path == v.StagingPath {
+		what = "staging"
+	}
+	shows := fmt.Sprintf("%s (%s from %s)", dev, m.Type, m.Device)
+	if other != "" {
+		shows = fmt.Sprintf("%s, which is bound to %s", dev, other)
+	}
+	return Finding{Kind: DeviceMismatch, Volume: v.ID, Disk: v.DiskID, Node: v.Node, Path: path, Device: dev,
+		Problem: fmt.Sprintf("volume %s is %s on %s with %s path %s, and that path is a mount of %s, not of its disk %s", v.ID, v.State, v.Node, what, path, shows, v.DiskID),
+		Cause: "the volume's disk was detached while the path was bound to its device (a force detach, or a detach outside csid) and the device was given to another disk, " +
+			"or the mount was replaced by hand; csid binds and mounts only a device it has proven to be the volume's disk, and refuses to answer a repeated NodePublishVolume from such a mount",
+		Action: fmt.Sprintf("the pods using %s do not see volume %s: they read and write what is mounted there. Stop them now (a target path names its pod's UID: kubelet's pods/<uid>/...), "+
+			"then unmount the path (umount %s) so kubelet's next NodeStageVolume or NodePublishVolume mounts the volume's own disk (attached again by ControllerPublishVolume if it was detached)", path, v.ID, path),
+	}
+}
+
+func recordOfAnotherDevice(v view.Volume, other string, own []string) Finding {
+	where := "its disk has no device on this host: it is not attached here"
+	if len(own) > 0 {
+		where = "its disk's device is now " + strings.Join(own, ", ")
+	}
+	return Finding{Kind: DeviceMismatch, Volume: v.ID, Disk: v.DiskID, Node: v.Node, Device: v.Device,
+		Problem: fmt.Sprintf("volume %s is %s on %s, staged from %s as its record says, and %s is bound to %s; %s", v.ID, v.State, v.Node, v.Device, v.Device, other, where),
+		Cause:   "the volume's disk was detached behind the node's back (a force detach, or one outside csid) while it was staged, and the device was given to another disk",
+		Action: fmt.Sprintf("csid never uses a recorded device without proving it is the volume's disk: NodePublishVolume and a repeated NodeStageVolume of %s answer FailedPrecondition while its disk is not attached here, "+
+			"and bind its own device once it is (ControllerPublishVolume attaches it again). To clear the record, delete the volume's pods on %s so kubelet unstages it", v.ID, v.Node),
+	}
+}

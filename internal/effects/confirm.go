@@ -109,16 +109,20 @@ func (c *Controller) confirmDetached(v *store.Volume, d cloud.Disk, node string)
 // NodePublishVolume is answered from the record only while the mount it
 // names is there. When it is gone, the record is rolled back to what the
 // host has (every mount of the volume it names is looked at), and the
-// request mounts again. A raw block volume's, whose staging path is no
-// mount, is answered only while its disk's device proves to be there
-// (and its target, to be bound to it): see confirmRaw.
+// request mounts again. While it is there, it must be a mount of the
+// volume's disk's device (proven, see confirmDevice); a raw block volume's
+// stage, which mounts nothing, is answered only while that device proves
+// to be on this node.
 func (n *Node) Confirm(ctx context.Context, req ops.Request, v *store.Volume) (*ops.Correction, error) {
 	var path string
-	block := v.Capability.AccessType == "block"
+	kind := mounter.FilesystemMount
+	if v.Capability.AccessType == "block" {
+		kind = mounter.DeviceBind
+	}
 	switch a := req.Args.(type) {
 	case *ops.NodeStageArgs:
-		if block {
-			return nil, n.confirmRaw(ctx, v, "")
+		if kind == mounter.DeviceBind {
+			return nil, n.confirmDevice(ctx, v, "", kind) // a raw block volume's staging path is no mount
 		}
 		path = a.StagingPath
 	case *ops.NodePublishArgs:
@@ -128,10 +132,8 @@ func (n *Node) Confirm(ctx context.Context, req ops.Request, v *store.Volume) (*
 	}
 	if ok, err := n.Mounter.IsMounted(ctx, path); err != nil {
 		return nil, err
-	} else if ok && block {
-		return nil, n.confirmRaw(ctx, v, path)
 	} else if ok {
-		return nil, nil
+		return nil, n.confirmDevice(ctx, v, path, kind)
 	}
 	paths := []string{}
 	if v.Stage != nil && v.Stage.Path != "" {
@@ -155,27 +157,28 @@ func (n *Node) Confirm(ctx context.Context, req ops.Request, v *store.Volume) (*
 	return &ops.Correction{Volume: nv, Event: fsm.Rollback, Guard: guard, Why: why}, nil
 }
 
-// confirmRaw confirms a raw block volume's stage (and, when target is not
-// "", its target): its disk's device proves to be on this node, carrying
-// its id, and the target is a bind of that device. A disk detached behind
-// the node's back, or a target bound to another device (a disk detached
-// while bound, its device given to another), is an error naming it, never
-// "done"; nothing is changed (`csid check` reports the target).
-func (n *Node) confirmRaw(ctx context.Context, v *store.Volume, target string) error {
+// confirmDevice confirms that the volume's disk's device proves to be on
+// this node, carrying its id, and that the mount at path (when path is not
+// "") is of it, as kind. A disk detached behind the node's back, or a path
+// mounted from another device (a disk detached while its device node was
+// bound, the device given to another; a mount swapped by hand), is an
+// error naming it, never "done"; nothing is changed (`csid check` reports
+// the mount).
+func (n *Node) confirmDevice(ctx context.Context, v *store.Volume, path string, kind mounter.MountKind) error {
 	dev, err := n.open(ctx, *v, nil, cloud.OpenOptions{Hint: hint(*v)})
 	if err != nil {
 		return fmt.Errorf("volume %s is recorded staged on this node: %w", v.ID, err)
 	}
 	defer dev.Close()
-	if target == "" {
+	if path == "" {
 		return nil
 	}
 	uses, err := n.Mounter.DeviceUses(ctx, dev.Path)
 	if err != nil {
 		return err
 	}
-	if !slices.Contains(mounter.Paths(uses, mounter.DeviceBind), filepath.Clean(target)) {
-		return ops.Errorf(ops.Conflict, "the target %s of volume %s is not bound to its disk %s (%s); `csid check` reports it", target, v.ID, dev.Disk.ID, dev.Path)
+	if !slices.Contains(mounter.Paths(uses, kind), filepath.Clean(path)) {
+		return ops.Errorf(ops.Conflict, "%s, recorded as a mount of volume %s, is not a mount of its disk %s (%s); `csid check` reports it", path, v.ID, dev.Disk.ID, dev.Path)
 	}
 	return nil
 }
