@@ -11,6 +11,7 @@ import (
 	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/drill"
 	"github.com/csid-dev/csid/internal/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -107,7 +108,7 @@ func (s *storm) up(name string, vc *csi.VolumeCapability) (id, staging, target s
 	s.call(node, "NodeStageVolume "+name, codes.OK, func() error { return s.stage(id, staging, vc, pc) })
 	target = s.blockTarget(s.t, "pv-"+name, "pod-"+name)
 	s.call(node, "NodePublishVolume "+name, codes.OK, func() error { return s.publish(id, staging, target, vc) })
-	writeMarker(s.t, target, id, 16*markerBlock)
+	writeMarker(s.t, target, id, 16*drill.MarkerBlock)
 	return id, staging, target
 }
 

@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/csid-dev/csid/internal/check"
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/drill"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/csid-dev/csid/internal/view"
@@ -143,76 +143,20 @@ func (o *overlay) stagedDevice(t *testing.T, id string) string {
 	return inspectNodeVolume(t, o.dir, id).Device
 }
 
-// markerBlock is the size of a marker: one block, written and read with
-// O_DIRECT so that no page cache stands between the test and the disk.
-const markerBlock = 4096
-
-// marker is what a pod of volume id writes at the start of each block of
-// its device: unique to the volume.
-func marker(id string) []byte {
-	b := bytes.Repeat([]byte{'.'}, markerBlock)
-	copy(b, fmt.Sprintf("csid-marker %s\n", id))
-	return b
-}
-
-// alignedBlock is a page-aligned buffer of n blocks, as O_DIRECT wants.
-func alignedBlock(t *testing.T, n int) []byte {
-	t.Helper()
-	b, err := unix.Mmap(-1, 0, n*markerBlock, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(b) })
-	return b
-}
-
-// writeMarker writes size bytes of id's marker through path (a raw block
-// target, or a device) and syncs them.
+// writeMarker writes size bytes of volume id's marker through path (a
+// raw block target, or a device).
 func writeMarker(t *testing.T, path, id string, size int) {
 	t.Helper()
-	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_DIRECT, 0)
-	if err != nil {
+	if err := drill.WriteMarker(path, id, size/drill.MarkerBlock); err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	buf := alignedBlock(t, size/markerBlock)
-	for off := 0; off < len(buf); off += markerBlock {
-		copy(buf[off:], marker(id))
-	}
-	if _, err := f.Write(buf); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// readMarker reads the first block through path and returns the volume id
-// of the marker it holds ("" for none).
-func readMarker(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := alignedBlock(t, 1)
-	if _, err := f.ReadAt(buf, 0); err != nil {
-		t.Fatal(err)
-	}
-	line, _, _ := bytes.Cut(buf, []byte{'\n'})
-	id, ok := strings.CutPrefix(string(line), "csid-marker ")
-	if !ok {
-		return ""
-	}
-	return id
 }
 
 // expectMarker fails unless path reads the marker of volume want.
 func expectMarker(t *testing.T, what, path, want string) {
 	t.Helper()
-	if got := readMarker(t, path); got != want {
-		t.Fatalf("%s (%s) reads the marker of %q, want %q's", what, path, got, want)
+	if got, err := drill.ReadMarker(path); err != nil || got != want {
+		t.Fatalf("%s (%s) reads the marker of %q (%v), want %q's", what, path, got, err, want)
 	}
 }
 
@@ -247,7 +191,7 @@ func TestStaleDeviceOfAForceDetachedVolumeIsNeverBound(t *testing.T) {
 	if err := o.publish(a, stagingA, podA, vc); err != nil {
 		t.Fatal(err)
 	}
-	writeMarker(t, podA, a, markerBlock)
+	writeMarker(t, podA, a, drill.MarkerBlock)
 	o.unpublish(t, a, podA)
 	devA := o.stagedDevice(t, a)
 

@@ -31,15 +31,25 @@ type cell struct {
 	armed    bool // the running process is the armed (or counting) one
 	restarts int
 	vols     map[string]*volume
+	// refused are the ops the scenario expects to fail (a publish of a
+	// volume whose disk is not attached): verify accepts them.
+	refused []refusal
+	// released is the loop device the last forced detach let go.
+	released string
 }
 
 // volume is what the orchestrator remembers of a volume it drives.
 type volume struct {
-	id      string
-	context map[string]string // publish context
-	size    int64
-	data    []byte // written into the filesystem, checked after crashes
+	id         string
+	capability *csi.VolumeCapability // mountCap or blockCap
+	context    map[string]string     // publish context
+	size       int64
+	data       []byte // written into the filesystem, checked after crashes
+	marker     bool   // its marker is written at the start of its device
+	published  bool   // at its target
 }
+
+func (v *volume) block() bool { return v.capability.GetBlock() != nil }
 
 func (c *cell) env(armed bool) []string {
 	switch {
@@ -120,27 +130,40 @@ func (c *cell) call(ctx context.Context, name string, want codes.Code, fn func(c
 	}
 }
 
-// Kubelet-like paths of a volume's staging and target.
+// Kubelet-like paths of a volume's staging and target (a raw block
+// volume's: a directory kubelet makes, and a file the publish makes).
 func (c *cell) stagePath(name string) string {
+	if v := c.vols[name]; v != nil && v.block() {
+		return filepath.Join(c.dir, "kubelet/plugins/kubernetes.io/csi/volumeDevices/staging", name)
+	}
 	return filepath.Join(c.dir, "kubelet/plugins/kubernetes.io/csi", driver.DefaultName, name, "globalmount")
 }
 
 func (c *cell) targetPath(name string) string {
+	if v := c.vols[name]; v != nil && v.block() {
+		return filepath.Join(c.dir, "kubelet/plugins/kubernetes.io/csi/volumeDevices/publish", name, "pod-"+name)
+	}
 	return filepath.Join(c.dir, "kubelet/pods", "pod-"+name, "volumes/kubernetes.io~csi", name, "mount")
 }
 
-var mountCap = &csi.VolumeCapability{
-	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-}
+var (
+	mountCap = &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	blockCap = &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+)
 
 const mib = int64(1) << 20
 
-func (c *cell) create(ctx context.Context, name string, size int64) error {
-	v := &volume{size: size}
+func (c *cell) create(ctx context.Context, name string, size int64, vc *csi.VolumeCapability) error {
+	v := &volume{size: size, capability: vc}
 	err := c.call(ctx, "CreateVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
 		resp, err := cl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name,
-			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{mountCap}})
+			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{vc}})
 		if err == nil {
 			v.id = resp.Volume.VolumeId
 		}
@@ -160,7 +183,7 @@ func (c *cell) delete(ctx context.Context, name string) error {
 func (c *cell) controllerPublish(ctx context.Context, name string) error {
 	v := c.vols[name]
 	return c.call(ctx, "ControllerPublishVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
-		resp, err := cl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: NodeID, VolumeCapability: mountCap})
+		resp, err := cl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: NodeID, VolumeCapability: v.capability})
 		if err == nil {
 			v.context = resp.PublishContext
 		}
@@ -182,7 +205,7 @@ func (c *cell) stage(ctx context.Context, name string) error {
 	}
 	return c.call(ctx, "NodeStageVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
 		_, err := cl.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: c.stagePath(name),
-			VolumeCapability: mountCap, PublishContext: v.context})
+			VolumeCapability: v.capability, PublishContext: v.context})
 		return err
 	})
 }
@@ -195,17 +218,28 @@ func (c *cell) unstage(ctx context.Context, name string) error {
 }
 
 func (c *cell) publish(ctx context.Context, name string) error {
-	if err := os.MkdirAll(filepath.Dir(c.targetPath(name)), 0o750); err != nil {
+	if err := c.publishAt(ctx, name, c.targetPath(name), codes.OK); err != nil {
 		return err
 	}
-	return c.call(ctx, "NodePublishVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
-		_, err := cl.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: c.vols[name].id, TargetPath: c.targetPath(name),
-			StagingTargetPath: c.stagePath(name), VolumeCapability: mountCap})
+	c.vols[name].published = true
+	return nil
+}
+
+// publishAt publishes a volume at target; want is the answer expected.
+func (c *cell) publishAt(ctx context.Context, name, target string, want codes.Code) error {
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		return err
+	}
+	v := c.vols[name]
+	return c.call(ctx, "NodePublishVolume "+name, want, func(ctx context.Context, cl clients) error {
+		_, err := cl.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, TargetPath: target,
+			StagingTargetPath: c.stagePath(name), VolumeCapability: v.capability})
 		return err
 	})
 }
 
 func (c *cell) unpublish(ctx context.Context, name string) error {
+	c.vols[name].published = false
 	return c.call(ctx, "NodeUnpublishVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
 		_, err := cl.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: c.vols[name].id, TargetPath: c.targetPath(name)})
 		return err
@@ -218,7 +252,7 @@ func (c *cell) expand(ctx context.Context, name string, size int64, want codes.C
 	v := c.vols[name]
 	return c.call(ctx, fmt.Sprintf("ControllerExpandVolume %s to %d", name, size), want, func(ctx context.Context, cl clients) error {
 		resp, err := cl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: v.id,
-			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapability: mountCap})
+			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapability: v.capability})
 		if err == nil && resp.CapacityBytes < size {
 			return status.Errorf(codes.Internal, "expand answered OK at %d bytes, want %d", resp.CapacityBytes, size)
 		}

@@ -10,7 +10,10 @@
 //  3. nothing leaked: no disk, loop device, mount or attachment is left once
 //     the scenario has brought everything down;
 //  4. no volume was attached while its resize was queued or running;
-//  5. data written before the crash reads back after it.
+//  5. data written before the crash reads back after it;
+//  6. a read through a volume's target returns that volume's data, never
+//     another's (markers at the start of raw block devices), and a publish
+//     of a volume whose disk was detached behind the node's back is refused.
 //
 // A census run of each scenario first counts which crash points it
 // reaches and how often (the points are compiled into csid, inert unless
@@ -289,7 +292,7 @@ func runCell(ctx context.Context, cfg Config, sc scenario, point string, hit int
 	c := &cell{binary: cfg.Binary, dir: dir, point: point, hit: hit, vols: map[string]*volume{}}
 	err = c.scenario(ctx, sc)
 	if err == nil {
-		err = verify(ctx, dir)
+		err = verify(ctx, dir, c.refused)
 	}
 	fired, _ := os.ReadFile(filepath.Join(dir, "fired"))
 	res.Restarts = c.restarts

@@ -30,7 +30,12 @@ func then(fs ...func(context.Context, *cell) error) func(context.Context, *cell)
 }
 
 func create(name string, size int64) func(context.Context, *cell) error {
-	return func(ctx context.Context, c *cell) error { return c.create(ctx, name, size) }
+	return func(ctx context.Context, c *cell) error { return c.create(ctx, name, size, mountCap) }
+}
+
+// createBlock creates a raw block volume.
+func createBlock(name string, size int64) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return c.create(ctx, name, size, blockCap) }
 }
 
 func write(name string) func(context.Context, *cell) error {
@@ -59,6 +64,31 @@ func do(name string, f func(*cell) func(context.Context, string) error) func(con
 	return func(ctx context.Context, c *cell) error { return f(c)(ctx, name) }
 }
 
+// mark writes a volume's marker at the start of its device (a raw block
+// volume, published); markers checks every published volume's.
+func mark(name string) func(context.Context, *cell) error {
+	return func(_ context.Context, c *cell) error { return c.writeMarker(name) }
+}
+
+func markers() func(context.Context, *cell) error {
+	return func(_ context.Context, c *cell) error { return c.checkMarkers() }
+}
+
+// forceDetach detaches a volume's disk behind csid's back; reuse attaches
+// a new raw block volume that takes the loop device it let go; refused
+// publishes the force-detached volume, which must fail.
+func forceDetach(name string) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return c.forceDetach(ctx, name) }
+}
+
+func reuse(name string, size int64) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return c.reuse(ctx, name, size) }
+}
+
+func refused(name string) func(context.Context, *cell) error {
+	return func(ctx context.Context, c *cell) error { return c.refusedPublish(ctx, name) }
+}
+
 var (
 	attach = func(c *cell) func(context.Context, string) error { return c.attach }
 	detach = func(c *cell) func(context.Context, string) error { return c.detach }
@@ -66,6 +96,9 @@ var (
 	cpub   = func(c *cell) func(context.Context, string) error { return c.controllerPublish }
 	stage  = func(c *cell) func(context.Context, string) error { return c.stage }
 	pub    = func(c *cell) func(context.Context, string) error { return c.publish }
+	unpub  = func(c *cell) func(context.Context, string) error { return c.unpublish }
+	unstg  = func(c *cell) func(context.Context, string) error { return c.unstage }
+	cunpub = func(c *cell) func(context.Context, string) error { return c.controllerUnpublish }
 )
 
 // Scenarios are the drill's scenarios, in the order they run.
@@ -110,5 +143,12 @@ var Scenarios = []scenario{
 		main:  then(expand("vol", 128*mib, codes.FailedPrecondition), do("vol", detach), do("vol", cpub)),
 		end: then(expand("vol", 128*mib, codes.OK), do("vol", stage), do("vol", pub), readBack("vol"), size("vol"),
 			do("vol", detach), do("vol", del)),
+	},
+	{
+		Name: "device-reuse", Doc: "raw block volume a, staged, is force-detached behind the node's back; b takes its loop device (CreateVolume, ControllerPublish, NodeStage, NodePublish); NodePublishVolume of a is refused",
+		setup: then(createBlock("a", 16*mib), do("a", attach), mark("a"), do("a", unpub), forceDetach("a")),
+		main:  then(reuse("b", 16*mib), mark("b"), refused("a"), markers()),
+		end: then(markers(), do("a", unstg), do("a", cunpub), do("a", attach), markers(),
+			do("a", detach), do("b", detach), do("a", del), do("b", del)),
 	},
 }

@@ -20,8 +20,9 @@ import (
 )
 
 // verify checks a cell's invariants once its scenario has ended and csid
-// has stopped: the state file (read-only), the cloud and the host.
-func verify(ctx context.Context, dir string) error {
+// has stopped: the state file (read-only), the cloud and the host. The
+// refused ops are the failures the scenario asked for.
+func verify(ctx context.Context, dir string, refused []refusal) error {
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 
@@ -57,7 +58,7 @@ func verify(ctx context.Context, dir string) error {
 			return err
 		}
 		slices.Reverse(ops) // oldest first
-		checkOps(ops, add)
+		checkOps(ops, refused, add)
 		return nil
 	})
 	if err != nil {
@@ -100,13 +101,25 @@ func verify(ctx context.Context, dir string) error {
 	return nil
 }
 
-// checkOps checks the ops of every volume, oldest first: each succeeded and
-// was a legal transition from the state the previous one left; and no
-// attach was accepted before an earlier resize of its volume had finished.
-func checkOps(ops []*store.Op, add func(string, ...any)) {
+// refusal is an op a scenario expects to fail, with the code it fails
+// with (a gRPC code's name).
+type refusal struct {
+	volumeID string
+	event    fsm.Event
+	code     string
+}
+
+// checkOps checks the ops of every volume, oldest first: each succeeded
+// (or is one of the refusals the scenario asked for) and was a legal
+// transition from the state the previous one left; and no attach was
+// accepted before an earlier resize of its volume had finished.
+func checkOps(ops []*store.Op, refused []refusal, add func(string, ...any)) {
 	state := map[string]fsm.State{}
 	resizes := map[string][]*store.Op{}
 	for _, op := range ops {
+		if op.Status == store.OpFailed && slices.Contains(refused, refusal{op.VolumeID, op.Event, op.Code}) {
+			continue
+		}
 		if op.Status != store.OpSucceeded {
 			add("op %d (%s of %s) %s: %s", op.Seq, op.Event, op.VolumeID, op.Status, op.Message)
 			continue
