@@ -245,8 +245,9 @@ func TestAnOpenDeviceStaysTheDisks(t *testing.T) {
 	}
 }
 
-// An exclusive open of a device whose filesystem is mounted is ErrInUse;
-// a hint that is no loop device, or another disk's, is not trusted.
+// An exclusive open of a device whose filesystem is mounted is ErrInUse,
+// and a shared one is not; a hint that is no loop device is not trusted
+// (one that is another disk's: the contract suite).
 func TestOpenDeviceExclusiveAndHints(t *testing.T) {
 	testutil.RequireRoot(t)
 	c := open(t, newDir(t), Options{})
