@@ -173,3 +173,33 @@ func BenchmarkBindPublish(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDeviceUses is what looking a device up in the mount table
+// costs a node op (a raw block publish that is refused, a filesystem
+// publish, a repeated stage or publish): one read of the mount table, and
+// a statx of each bind mount on a devtmpfs or tmpfs. The device here is
+// mounted at a staging path and bound at a target.
+func BenchmarkDeviceUses(b *testing.B) {
+	testutil.RequireRoot(b)
+	sb := newSandbox(b)
+	staging := staged(b, sb)
+	dev, err := New().DeviceOf(context.Background(), staging)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := New()
+	if err := m.BindMount(context.Background(), staging, sb.path("target"), false); err != nil {
+		b.Fatal(err)
+	}
+	defer m.Unmount(context.Background(), sb.path("target"))
+	table, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if uses, err := m.DeviceUses(context.Background(), dev); err != nil || len(uses) != 2 {
+			b.Fatalf("DeviceUses = %v, %v", uses, err)
+		}
+	}
+	b.ReportMetric(float64(len(table)), "mounts")
+}

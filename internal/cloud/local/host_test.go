@@ -277,3 +277,50 @@ func TestOpenDeviceExclusiveAndHints(t *testing.T) {
 	}
 	shared.Close()
 }
+
+// BenchmarkOpenDevice is what proving a device costs a node op: with the
+// record's device as a hint (a publish, an expansion), and without (a
+// stage: the device is looked up under the state directory's lock).
+func BenchmarkOpenDevice(b *testing.B) {
+	testutil.RequireRoot(b)
+	dir := b.TempDir()
+	c, err := Open(context.Background(), dir, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.RegisterNode(context.Background(), cloud.Node{ID: "node-a"}); err != nil {
+		b.Fatal(err)
+	}
+	op, err := c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "bench", SizeBytes: 16 * mib})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.AttachDisk(context.Background(), op.DiskID, "node-a"); err != nil {
+		b.Fatal(err)
+	}
+	h := c.Host("node-a")
+	defer func() {
+		if _, err := c.DetachDisk(context.Background(), op.DiskID, "node-a"); err != nil {
+			b.Error(err)
+		}
+	}()
+	path, err := devicePath(context.Background(), h, op.DiskID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name string
+		opts cloud.OpenOptions
+	}{{"hint", cloud.OpenOptions{Hint: path}}, {"lookup", cloud.OpenOptions{}}, {"hint-exclusive", cloud.OpenOptions{Hint: path, Exclusive: true}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				dev, err := h.OpenDevice(context.Background(), op.DiskID, bc.opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				dev.Close()
+			}
+		})
+	}
+}
