@@ -224,7 +224,7 @@ func TestZones(t *testing.T) {
 	done(t, c)(c.AttachDisk(context.Background(), db.ID, "node-b"))
 }
 
-func TestHostDevicePathsAreStable(t *testing.T) {
+func TestHostDevicesAreStable(t *testing.T) {
 	c, d := newCloud(t)
 	h := c.Host("node-a")
 	done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a"))
