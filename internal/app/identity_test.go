@@ -451,3 +451,55 @@ func TestRawBlockNeverWhileMountedAsFilesystem(t *testing.T) {
 	o.detach(t, b)
 	o.clean(t)
 }
+
+// TestFilesystemPublishBindsOnlyItsDisksStagingMount: a filesystem
+// volume's publish binds its staging mount only while that is a mount of
+// the volume's disk (proven, by device number). With another volume's
+// filesystem bound there by hand, the publish is refused and nothing is
+// made; once the volume is staged again, it publishes its own data.
+func TestFilesystemPublishBindsOnlyItsDisksStagingMount(t *testing.T) {
+	testutil.RequireRoot(t)
+	o := startOverlay(t)
+	vc := apptest.MountCap("ext4")
+	staged := func(name string) (id, staging string, pc map[string]string) {
+		id = o.create(t, name, vc)
+		pc = o.attach(t, id, vc)
+		staging = o.fsStaging(t, id)
+		if err := o.stage(id, staging, vc, pc); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(staging, "data"), name)
+		return id, staging, pc
+	}
+	a, stagingA, pcA := staged("pvc-a")
+	b, stagingB, _ := staged("pvc-b")
+
+	if err := unix.Unmount(stagingA, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(stagingB, stagingA, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	target := o.fsTarget(t, "pv-a", "pod-a")
+	wantCode(t, o.publish(a, stagingA, target, vc), codes.FailedPrecondition, "is not a mount of its disk")
+	notThere(t, "the refused publish", target)
+
+	if err := unix.Unmount(stagingA, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.stage(a, stagingA, vc, pcA); err != nil { // the mount is gone: staged again
+		t.Fatal(err)
+	}
+	if err := o.publish(a, stagingA, target, vc); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(got) != "pvc-a" {
+		t.Fatalf("A's target reads %q, %v; want A's data", got, err)
+	}
+	o.unpublish(t, a, target)
+	for _, v := range []struct{ id, staging string }{{a, stagingA}, {b, stagingB}} {
+		o.unstage(t, v.id, v.staging)
+		o.detach(t, v.id)
+	}
+	o.clean(t)
+}
