@@ -18,6 +18,7 @@ import (
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/drill"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/csid-dev/csid/internal/view"
@@ -502,4 +503,25 @@ func TestFilesystemPublishBindsOnlyItsDisksStagingMount(t *testing.T) {
 		o.detach(t, v.id)
 	}
 	o.clean(t)
+}
+
+// TestStageRefusesAnotherVolumesPublishContext: all-in-one, the volume's
+// record names its disk; a NodeStageVolume whose publish context names
+// another volume's disk is refused and mounts nothing (it is not this
+// volume's publish context), and the right one stages.
+func TestStageRefusesAnotherVolumesPublishContext(t *testing.T) {
+	testutil.RequireRoot(t)
+	e := newNodeEnv(t, app.Options{})
+	vc := apptest.MountCap("ext4")
+	a, pcA := e.volume(vc)
+	_, pcB := e.volume(vc)
+	staging := e.path("plugins", "kubernetes.io", "csi", driver.DefaultName, a, "globalmount")
+	mkdir(t, staging)
+	wantCode(t, e.stage(a, staging, vc, pcB), codes.FailedPrecondition, "the publish context names disk "+pcB[effects.PublishContextDiskID])
+	if ok, err := mounter.New().IsMounted(context.Background(), staging); err != nil || ok {
+		t.Fatalf("the refused stage mounted %s: %v, %v", staging, ok, err)
+	}
+	if err := e.stage(a, staging, vc, pcA); err != nil {
+		t.Fatal(err)
+	}
 }
