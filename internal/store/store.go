@@ -14,12 +14,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/csid-dev/csid/internal/boltfile"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 )
 
 // SchemaVersion is the layout this build reads and writes.
@@ -71,6 +74,10 @@ type Options struct {
 	// Observe, if set, is called after every commit with the number of
 	// callers it served and its duration.
 	Observe func(batch int, took time.Duration)
+
+	// pageSize is the page size of a new file (tests: small fuzz seeds);
+	// 0 is bbolt's default, the OS page size.
+	pageSize int
 }
 
 func (o *Options) defaults() {
@@ -133,6 +140,7 @@ func Open(path string, opts Options) (*Store, error) {
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
 		NoSync:         opts.NoSync,
+		PageSize:       opts.pageSize,
 	})
 	if err != nil {
 		return nil, err
@@ -201,8 +209,31 @@ func OpenReadOnly(path string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-func openBolt(path string, o *bolt.Options) (*bolt.DB, error) {
-	db, err := bolt.Open(path, 0o600, o)
+// openBolt opens the file with bbolt, after checking its structure with
+// plain reads (internal/boltfile): bbolt asserts what it reads, some of its
+// assertions fire on goroutines of its own or as faults past the end of a
+// short file, and none of those can be recovered. What is left (a panic or
+// a fault on this goroutine) is recovered all the same, as a damaged file.
+func openBolt(path string, o *bolt.Options) (db *bolt.DB, err error) {
+	if err := verifyFile(path); err != nil {
+		return nil, err
+	}
+	var file *os.File
+	o.OpenFile = func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, perm)
+		file = f
+		return f, err
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if file != nil {
+				file.Close() // releases the lock; the mapping is lost with the panic
+			}
+			db, err = nil, damagedError(path, fmt.Errorf("bbolt: %v", r))
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, o)
 	if err == nil {
 		return db, nil
 	}
@@ -212,7 +243,43 @@ func openBolt(path string, o *bolt.Options) (*bolt.DB, error) {
 	if errors.Is(err, os.ErrPermission) || errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("state file %s: %w", path, err)
 	}
-	return nil, fmt.Errorf("state file %s: %v: %w (csid does not recreate it: move it aside to start empty, or restore a copy)", path, err, ErrCorrupt)
+	return nil, damagedError(path, err)
+}
+
+// verifyFile checks the structure of the file at path under a shared lock,
+// so that no csid writes it meanwhile. A file another process holds for
+// writing is a LockedError at once: a csid holds its file for its life. A
+// missing file is not an error (Open creates it).
+func verifyFile(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("state file %s: %w", path, err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+		return &LockedError{Path: path, Holder: lockHolder(path)}
+	} else if err != nil {
+		return fmt.Errorf("state file %s: lock: %w", path, err)
+	}
+	if err := boltfile.Verify(f); err != nil {
+		if errors.Is(err, boltfile.ErrDamaged) {
+			return damagedError(path, err)
+		}
+		return fmt.Errorf("state file %s: %w", path, err)
+	}
+	return nil
+}
+
+// damagedError is the refusal of a file that is not a readable csid state
+// file: what is wrong, and what to do.
+func damagedError(path string, why error) error {
+	return fmt.Errorf("state file %s: %v: %w (csid does not recreate it: "+
+		"see what is wrong with `csid state verify --db %s`, then restore a backup, "+
+		"or move it aside and start csid with --rebuild-from-cloud; docs/operations.md, \"A damaged state file\")",
+		path, why, ErrCorrupt, path)
 }
 
 func checkSchema(path string, meta *bolt.Bucket) error {
