@@ -165,7 +165,7 @@ func crashWorkload(dir string) error {
 
 	idOf := func(name string) string {
 		var id string
-		_ = st.View(func(tx *store.Tx) error { id = tx.VolumeIDByName(name); return nil })
+		_ = st.View(func(tx *store.Tx) error { id, _ = tx.VolumeIDByName(name); return nil })
 		return id
 	}
 	type step struct {

@@ -192,7 +192,7 @@ func TestFailedForwardOpIsCompensatedAndLeavesStateUnchanged(t *testing.T) {
 	_, err = h.submit(createReq("pvc-b", gib))
 	wantCode(t, err, codes.Internal)
 	_ = h.st.View(func(tx *store.Tx) error {
-		if id := tx.VolumeIDByName("pvc-b"); id != "" {
+		if id, _ := tx.VolumeIDByName("pvc-b"); id != "" {
 			t.Errorf("failed create left a name record for %s", id)
 		}
 		return nil
@@ -401,7 +401,7 @@ func TestDeleteDuringCreateIsAborted(t *testing.T) {
 	go func() { done <- h.must(createReq("pvc-a", gib)) }()
 	waitEntered(t, h.ex, "create ")
 	var id string
-	_ = h.st.View(func(tx *store.Tx) error { id = tx.VolumeIDByName("pvc-a"); return nil })
+	_ = h.st.View(func(tx *store.Tx) error { id, _ = tx.VolumeIDByName("pvc-a"); return nil })
 	_, err := h.submit(deleteReq(id))
 	wantCode(t, err, codes.Aborted)
 	if !strings.Contains(err.Error(), "being created") {

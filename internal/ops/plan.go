@@ -193,7 +193,11 @@ func cancelling(active *store.Op, what string) decision {
 }
 
 func (p *planner) planCreate(a *CreateArgs, raw []byte, fp string) (decision, error) {
-	if id := p.tx.VolumeIDByName(a.Name); id != "" {
+	id, err := p.tx.VolumeIDByName(a.Name)
+	if err != nil {
+		return decision{}, err
+	}
+	if id != "" {
 		v, err := p.tx.Volume(id)
 		if err != nil {
 			return decision{}, err
@@ -219,7 +223,7 @@ func (p *planner) planCreate(a *CreateArgs, raw []byte, fp string) (decision, er
 			}
 		}
 	}
-	id := p.newID()
+	id = p.newID()
 	for tries := 0; ; tries++ {
 		if clash, err := p.tx.Volume(id); err != nil {
 			return decision{}, err

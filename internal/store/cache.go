@@ -1,7 +1,6 @@
 package store
 
 import (
-	"encoding/json"
 	"maps"
 	"slices"
 	"sync"
@@ -22,19 +21,29 @@ type volumeCache struct {
 // working set (the volumes with ops in flight) without any bookkeeping.
 const volumeCacheSize = 4096
 
-// decode returns the decoded form of raw, from the cache if it holds it.
-// keep adds what it had to decode to the cache; a scan of every record
-// passes false, lest it evict the working set.
-func (c *volumeCache) decode(raw []byte, keep bool) (*Volume, error) {
+// decode returns the decoded form of raw, the sealed record at key, from
+// the cache if it holds it. keep adds what it had to decode to the cache; a
+// scan of every record passes false, lest it evict the working set.
+//
+// Only records that passed their seal (or that csid wrote) enter the
+// cache, so a hit is a byte-for-byte match of a checked encoding: its seal
+// holds, under the key it names, which is checked here.
+func (c *volumeCache) decode(key, raw []byte, keep bool) (*Volume, error) {
 	c.mu.Lock()
 	v, ok := c.m[string(raw)]
 	c.mu.Unlock()
 	if ok {
+		if v.ID != string(key) {
+			return nil, damaged(bucketVolumes, key, "holds the record of volume "+v.ID)
+		}
 		return cloneVolume(v), nil
 	}
-	v = new(Volume)
-	if err := json.Unmarshal(raw, v); err != nil {
+	v, err := decode[Volume](bucketVolumes, key, raw)
+	if err != nil {
 		return nil, err
+	}
+	if v.ID != string(key) {
+		return nil, damaged(bucketVolumes, key, "holds the record of volume "+v.ID)
 	}
 	if keep {
 		c.remember(raw, v)

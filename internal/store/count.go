@@ -2,7 +2,6 @@ package store
 
 import (
 	"encoding/json"
-	"fmt"
 
 	"github.com/csid-dev/csid/internal/fsm"
 )
@@ -10,7 +9,8 @@ import (
 // CountVolumesByState counts the volume records by state. It visits every
 // record (O(volumes)) but decodes only its state, and bypasses the decode
 // cache: a full scan would otherwise evict the records of the volumes with
-// ops in flight. Meant for metrics and inspection, not for a hot path.
+// ops in flight. Meant for metrics and inspection, not for a hot path. A
+// damaged record is not counted (see Skipped).
 func (t *Tx) CountVolumesByState() (map[fsm.State]int, error) {
 	out := map[fsm.State]int{}
 	var rec struct {
@@ -19,8 +19,12 @@ func (t *Tx) CountVolumesByState() (map[fsm.State]int, error) {
 	c := t.tx.Bucket(bucketVolumes).Cursor()
 	for k, raw := c.First(); k != nil; k, raw = c.Next() {
 		rec.State = ""
-		if err := json.Unmarshal(raw, &rec); err != nil {
-			return nil, fmt.Errorf("decode volume %q: %w", k, err)
+		payload, err := unseal(bucketVolumes, k, raw)
+		if err == nil && json.Unmarshal(payload, &rec) != nil {
+			err = damaged(bucketVolumes, k, "does not decode")
+		}
+		if t.skipDamaged(err) {
+			continue
 		}
 		out[rec.State]++
 	}

@@ -11,6 +11,7 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -25,8 +26,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SchemaVersion is the layout this build reads and writes.
-const SchemaVersion = 1
+// SchemaVersion is the layout this build reads and writes: 2 seals every
+// record with a checksum (codec.go). Open migrates a file of version 1
+// (the same records, unsealed) in the transaction that opens it.
+const SchemaVersion = 2
+
+// schemaUnsealed is the last layout without checksums.
+const schemaUnsealed = 1
 
 // Buckets.
 var (
@@ -101,6 +107,8 @@ type Store struct {
 	path     string
 	opts     Options
 	readOnly bool
+	// migratedFrom is the schema Open migrated the file from (0: none).
+	migratedFrom uint64
 	// volumes caches decoded volume records by their encoded bytes.
 	volumes volumeCache
 
@@ -127,7 +135,7 @@ type Store struct {
 // ErrLocked error naming the holder, returned within opts.LockTimeout.
 func Open(path string, opts Options) (*Store, error) {
 	opts.defaults()
-	fresh := false
+	fresh, migrated := false, uint64(0)
 	if st, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		fresh = true
 	} else if err != nil {
@@ -160,21 +168,23 @@ func Open(path string, opts Options) (*Store, error) {
 			}
 			return tx.Bucket(bucketMeta).Put(keySchema, u64(SchemaVersion))
 		}
-		if err := checkSchema(path, meta); err != nil {
-			return err
-		}
 		for _, b := range allBuckets {
 			if tx.Bucket(b) == nil {
 				return fmt.Errorf("state file %s lacks bucket %q: %w", path, b, ErrCorrupt)
 			}
 		}
-		return nil
+		v, err := checkSchema(path, meta, schemaUnsealed)
+		if err == nil && v == schemaUnsealed {
+			migrated = v
+			err = sealAll(tx)
+		}
+		return err
 	})
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, path: path, opts: opts}
+	s := &Store{db: db, path: path, opts: opts, migratedFrom: migrated}
 	s.idle.L = &s.cmu
 	s.health.init()
 	return s, nil
@@ -197,7 +207,13 @@ func OpenReadOnly(path string, opts Options) (*Store, error) {
 		if meta == nil {
 			return fmt.Errorf("state file %s has no csid metadata: %w", path, ErrCorrupt)
 		}
-		return checkSchema(path, meta)
+		v, err := checkSchema(path, meta, schemaUnsealed)
+		if err == nil && v == schemaUnsealed {
+			err = fmt.Errorf("state file %s has schema version %d (records without checksums), and this csid reads version %d: "+
+				"start csid serve on it once, which migrates it in place, or read it with the csid that wrote it: %w",
+				path, v, SchemaVersion, ErrSchema)
+		}
+		return err
 	})
 	if err != nil {
 		db.Close()
@@ -282,16 +298,48 @@ func damagedError(path string, why error) error {
 		path, why, ErrCorrupt, path)
 }
 
-func checkSchema(path string, meta *bolt.Bucket) error {
+// checkSchema returns the file's schema version: SchemaVersion, or a
+// version from oldest up that the caller migrates; any other is an error.
+func checkSchema(path string, meta *bolt.Bucket, oldest uint64) (uint64, error) {
 	v := meta.Get(keySchema)
 	if len(v) != 8 {
-		return fmt.Errorf("state file %s has no schema version: %w", path, ErrCorrupt)
+		return 0, fmt.Errorf("state file %s has no schema version: %w", path, ErrCorrupt)
 	}
-	if got := fromU64(v); got != SchemaVersion {
-		return fmt.Errorf("state file %s has schema version %d, this csid reads version %d: %w", path, got, SchemaVersion, ErrSchema)
+	got := fromU64(v)
+	if got != SchemaVersion && (got < oldest || got > SchemaVersion) {
+		return 0, fmt.Errorf("state file %s has schema version %d, this csid reads version %d: %w", path, got, SchemaVersion, ErrSchema)
 	}
-	return nil
+	return got, nil
 }
+
+// sealAll migrates a file of schema 1: it seals every record as it is (an
+// unreadable one is sealed unreadable, and found damaged when read), and
+// sets the schema version.
+func sealAll(tx *bolt.Tx) error {
+	for _, name := range sealedBuckets {
+		b := tx.Bucket(name)
+		var keys, values [][]byte
+		err := b.ForEach(func(k, v []byte) error {
+			if v == nil {
+				return fmt.Errorf("bucket %s holds a bucket %q: %w", name, k, ErrCorrupt)
+			}
+			keys, values = append(keys, bytes.Clone(k)), append(values, bytes.Clone(v))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for i, k := range keys {
+			if err := b.Put(k, seal(k, values[i])); err != nil {
+				return err
+			}
+		}
+	}
+	return tx.Bucket(bucketMeta).Put(keySchema, u64(SchemaVersion))
+}
+
+// MigratedFrom is the schema version Open migrated the file from, or 0.
+func (s *Store) MigratedFrom() int { return int(s.migratedFrom) }
 
 // LockedError says who holds a state file.
 type LockedError struct {

@@ -75,8 +75,8 @@ func TestOpenCreatesThenReopens(t *testing.T) {
 		if err != nil || v == nil || v.ActiveOp == 0 {
 			return fmt.Errorf("volume after reopen: %+v, %v", v, err)
 		}
-		if tx.VolumeIDByName("n1") != "v1" {
-			return errors.New("name index lost")
+		if id, err := tx.VolumeIDByName("n1"); err != nil || id != "v1" {
+			return fmt.Errorf("name index lost: %q, %v", id, err)
 		}
 		return nil
 	})
@@ -294,8 +294,9 @@ func TestFinishToAbsentRemovesEverything(t *testing.T) {
 		h, _ := tx.History("v1")
 		r, _ := tx.Resize("v1")
 		op, _ := tx.Op(seq)
-		if v != nil || tx.VolumeIDByName("n") != "" || r != nil {
-			t.Errorf("deleted volume left: %+v name=%q resize=%+v", v, tx.VolumeIDByName("n"), r)
+		name, _ := tx.VolumeIDByName("n")
+		if v != nil || name != "" || r != nil {
+			t.Errorf("deleted volume left: %+v name=%q resize=%+v", v, name, r)
 		}
 		// Its notes are gone; its ops (here, the delete) stay readable until pruned.
 		if len(h) != 1 || h[0].OpSeq != seq || h[0].Event != fsm.Delete {

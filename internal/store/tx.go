@@ -23,10 +23,21 @@ import (
 // line) and Reconcile (a state reality already has, with a history note):
 // there is no bare "put volume", and every state written is a step of the
 // lifecycle table checked by internal/fsm, under its true event name.
+//
+// Reads check every record's seal (see codec.go). A lookup of a damaged
+// record returns a *DamagedError; a scan never stops at one: it skips it
+// and notes it, and Skipped returns what the transaction's scans skipped.
 type Tx struct {
-	tx *bolt.Tx
-	s  *Store
+	tx      *bolt.Tx
+	s       *Store
+	skipped []*DamagedError
 }
+
+// Skipped returns the damaged records this transaction's scans skipped.
+func (t *Tx) Skipped() []*DamagedError { return t.skipped }
+
+// skip notes a damaged record a scan passed over.
+func (t *Tx) skip(e *DamagedError) { t.skipped = append(t.skipped, e) }
 
 // OnCommit registers fn to run after the transaction has committed. Hooks
 // run in commit order, on the committer, before any later write
@@ -43,24 +54,41 @@ func u64(v uint64) []byte {
 
 func fromU64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
 
-func get[T any](b *bolt.Bucket, key []byte) (*T, error) {
-	raw := b.Get(key)
-	if raw == nil {
-		return nil, nil
+// decode checks the seal of the JSON record raw at key in bucket and
+// decodes it into a new T; a *DamagedError when either fails.
+func decode[T any](bucket, key, raw []byte) (*T, error) {
+	payload, err := unseal(bucket, key, raw)
+	if err != nil {
+		return nil, err
 	}
 	v := new(T)
-	if err := json.Unmarshal(raw, v); err != nil {
-		return nil, fmt.Errorf("decode %s record %q: %w", b.Tx().DB().Path(), key, err)
+	if err := json.Unmarshal(payload, v); err != nil {
+		return nil, damaged(bucket, key, "does not decode: "+err.Error())
 	}
 	return v, nil
 }
 
-func put(b *bolt.Bucket, key []byte, v any) error {
+// put writes v's JSON, sealed, at key in bucket.
+func (t *Tx) put(bucket, key []byte, v any) error {
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return b.Put(key, raw)
+	return t.tx.Bucket(bucket).Put(key, seal(key, raw))
+}
+
+// putRaw writes an index entry's bytes, sealed.
+func (t *Tx) putRaw(bucket, key, payload []byte) error {
+	return t.tx.Bucket(bucket).Put(key, seal(key, payload))
+}
+
+// getRaw returns an index entry's bytes (nil when there is none), checked.
+func (t *Tx) getRaw(bucket, key []byte) ([]byte, error) {
+	raw := t.tx.Bucket(bucket).Get(key)
+	if raw == nil {
+		return nil, nil
+	}
+	return unseal(bucket, key, raw)
 }
 
 func checkID(id string) error {
@@ -71,26 +99,36 @@ func checkID(id string) error {
 }
 
 // Volume returns the volume with this id, or nil when there is none. The
-// caller owns the returned record.
+// caller owns the returned record. A volume whose record or active-op
+// entry is damaged is a *DamagedError.
 func (t *Tx) Volume(id string) (*Volume, error) {
-	raw := t.tx.Bucket(bucketVolumes).Get([]byte(id))
+	key := []byte(id)
+	raw := t.tx.Bucket(bucketVolumes).Get(key)
 	if raw == nil {
 		return nil, nil
 	}
-	v, err := t.s.volumes.decode(raw, true)
+	v, err := t.s.volumes.decode(key, raw, true)
 	if err != nil {
 		return nil, err
 	}
-	v.ActiveOp = t.activeOf(id)
+	if v.ActiveOp, err = t.activeOf(id); err != nil {
+		return nil, err
+	}
 	return v, nil
 }
 
 // activeOf returns the op active on a volume, 0 if none.
-func (t *Tx) activeOf(id string) uint64 {
-	if raw := t.tx.Bucket(bucketActive).Get([]byte(id)); len(raw) == 8 {
-		return fromU64(raw)
+func (t *Tx) activeOf(id string) (uint64, error) {
+	raw, err := t.getRaw(bucketActive, []byte(id))
+	switch {
+	case err != nil:
+		return 0, err
+	case raw == nil:
+		return 0, nil
+	case len(raw) != 8:
+		return 0, damaged(bucketActive, []byte(id), fmt.Sprintf("holds %d bytes, not an op's sequence number", len(raw)))
 	}
-	return 0
+	return fromU64(raw), nil
 }
 
 func (t *Tx) putVolume(v *Volume) error {
@@ -98,23 +136,40 @@ func (t *Tx) putVolume(v *Volume) error {
 	if err != nil {
 		return err
 	}
-	if err := t.tx.Bucket(bucketVolumes).Put([]byte(v.ID), raw); err != nil {
+	sealed := seal([]byte(v.ID), raw)
+	if err := t.tx.Bucket(bucketVolumes).Put([]byte(v.ID), sealed); err != nil {
 		return err
 	}
-	t.s.volumes.remember(raw, v)
+	t.s.volumes.remember(sealed, v)
 	return nil
 }
 
-// VolumeIDByName returns the id of the volume created with this name, or "".
-func (t *Tx) VolumeIDByName(name string) string {
-	return string(t.tx.Bucket(bucketNames).Get([]byte(name)))
+// VolumeIDByName returns the id of the volume created with this name, or
+// "". A damaged entry is a *DamagedError: whether the name is taken is
+// unknown.
+func (t *Tx) VolumeIDByName(name string) (string, error) {
+	raw, err := t.getRaw(bucketNames, []byte(name))
+	return string(raw), err
 }
 
 // ForEachVolume calls fn for each volume in id order, starting after the id
 // `after` ("" for the first); it stops when fn returns false. It reads the
 // decode cache but does not fill it: a scan would evict the records of the
-// volumes with ops in flight.
+// volumes with ops in flight. A damaged volume is skipped (see Skipped).
 func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
+	return t.ForEachVolumeRecord(after, func(v *Volume, bad *DamagedError) bool {
+		if bad != nil {
+			t.skip(bad)
+			return true
+		}
+		return fn(v)
+	})
+}
+
+// ForEachVolumeRecord is ForEachVolume that also visits the damaged
+// volumes, in their place: fn gets either a volume or the damage that
+// stops csid from reading it (its record or its active-op entry).
+func (t *Tx) ForEachVolumeRecord(after string, fn func(v *Volume, bad *DamagedError) bool) error {
 	c := t.tx.Bucket(bucketVolumes).Cursor()
 	var k, raw []byte
 	if after == "" {
@@ -126,12 +181,18 @@ func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
 		}
 	}
 	for ; k != nil; k, raw = c.Next() {
-		v, err := t.s.volumes.decode(raw, false)
-		if err != nil {
-			return fmt.Errorf("decode volume %q: %w", k, err)
+		v, err := t.s.volumes.decode(k, raw, false)
+		if err == nil {
+			v.ActiveOp, err = t.activeOf(v.ID)
 		}
-		v.ActiveOp = t.activeOf(v.ID)
-		if !fn(v) {
+		bad, _ := asDamaged(err)
+		if bad == nil && err != nil {
+			return err
+		}
+		if bad != nil {
+			v = nil
+		}
+		if !fn(v, bad) {
 			return nil
 		}
 	}
@@ -141,18 +202,34 @@ func (t *Tx) ForEachVolume(after string, fn func(*Volume) bool) error {
 // CountVolumes returns the number of volume records.
 func (t *Tx) CountVolumes() int { return t.tx.Bucket(bucketVolumes).Stats().KeyN }
 
-// Op returns the op with this sequence number, or nil.
+// Op returns the op with this sequence number, or nil. A damaged record
+// is a *DamagedError.
 func (t *Tx) Op(seq uint64) (*Op, error) {
-	return get[Op](t.tx.Bucket(bucketOps), u64(seq))
+	return decodeOp(seq, t.tx.Bucket(bucketOps).Get(u64(seq)))
+}
+
+func decodeOp(seq uint64, raw []byte) (*Op, error) {
+	if raw == nil {
+		return nil, nil
+	}
+	op, err := decode[Op](bucketOps, u64(seq), raw)
+	if err == nil && op.Seq != seq {
+		return nil, damaged(bucketOps, u64(seq), fmt.Sprintf("is stored as op %d but says it is op %d", seq, op.Seq))
+	}
+	return op, err
 }
 
 // ForEachOp calls fn for each op, newest first, until fn returns false.
+// A damaged op is skipped (see Skipped).
 func (t *Tx) ForEachOp(fn func(*Op) bool) error {
 	c := t.tx.Bucket(bucketOps).Cursor()
 	for k, raw := c.Last(); k != nil; k, raw = c.Prev() {
-		op := new(Op)
-		if err := json.Unmarshal(raw, op); err != nil {
-			return fmt.Errorf("decode op %d: %w", fromU64(k), err)
+		op, err := decodeOp(fromU64(k), raw)
+		if t.skipDamaged(err) {
+			continue
+		}
+		if err != nil {
+			return err
 		}
 		if !fn(op) {
 			return nil
@@ -161,20 +238,38 @@ func (t *Tx) ForEachOp(fn func(*Op) bool) error {
 	return nil
 }
 
+// skipDamaged notes err and reports true when it is a damaged record.
+func (t *Tx) skipDamaged(err error) bool {
+	if bad, ok := asDamaged(err); ok {
+		t.skip(bad)
+		return true
+	}
+	return false
+}
+
 // ActiveOps returns every op still queued or compensating, oldest first.
+// An entry of the active index that is damaged, or names an op that is
+// damaged or missing, is skipped (see Skipped): its volume is damaged.
 func (t *Tx) ActiveOps() ([]*Op, error) {
 	var out []*Op
 	c := t.tx.Bucket(bucketActive).Cursor()
-	for k, raw := c.First(); k != nil; k, raw = c.Next() {
-		if len(raw) != 8 {
-			return nil, fmt.Errorf("active index entry %q is malformed: %w", k, ErrCorrupt)
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		seq, err := t.activeOf(string(k))
+		if t.skipDamaged(err) {
+			continue
 		}
-		op, err := t.Op(fromU64(raw))
+		op, err := t.Op(seq)
+		if bad, ok := asDamaged(err); ok {
+			bad.VolumeID = string(k)
+			t.skip(bad)
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		if op == nil || op.VolumeID != string(k) {
-			return nil, fmt.Errorf("active index names op %d for volume %s, which does not exist: %w", fromU64(raw), k, ErrCorrupt)
+			t.skip(damaged(bucketActive, k, fmt.Sprintf("names op %d, which is not an op of this volume", seq)))
+			continue
 		}
 		out = append(out, op)
 	}
@@ -191,19 +286,20 @@ func (t *Tx) Accept(v *Volume, op *Op) error {
 	if err := checkID(v.ID); err != nil {
 		return err
 	}
-	if v.ActiveOp != 0 || t.activeOf(v.ID) != 0 {
+	if active, err := t.activeOf(v.ID); err != nil {
+		return err
+	} else if v.ActiveOp != 0 || active != 0 {
 		return fmt.Errorf("store: volume %s already has an active op", v.ID)
 	}
-	ops := t.tx.Bucket(bucketOps)
-	seq, err := ops.NextSequence()
+	seq, err := t.tx.Bucket(bucketOps).NextSequence()
 	if err != nil {
 		return err
 	}
 	op.Seq, op.VolumeID, op.Status, op.Generation = seq, v.ID, OpQueued, v.Generation
-	if err := put(ops, u64(seq), op); err != nil {
+	if err := t.put(bucketOps, u64(seq), op); err != nil {
 		return err
 	}
-	if err := t.tx.Bucket(bucketActive).Put([]byte(v.ID), u64(seq)); err != nil {
+	if err := t.putRaw(bucketActive, []byte(v.ID), u64(seq)); err != nil {
 		return err
 	}
 	v.ActiveOp = seq
@@ -215,7 +311,7 @@ func (t *Tx) Accept(v *Volume, op *Op) error {
 			v.ID, v.State, fsm.ErrIllegal)
 	}
 	if v.Name != "" {
-		if err := t.tx.Bucket(bucketNames).Put([]byte(v.Name), []byte(v.ID)); err != nil {
+		if err := t.putRaw(bucketNames, []byte(v.Name), []byte(v.ID)); err != nil {
 			return err
 		}
 	}
@@ -228,10 +324,12 @@ func (t *Tx) UpdateOp(op *Op) error {
 	if !op.Status.Active() {
 		return fmt.Errorf("store: UpdateOp on finished op %d", op.Seq)
 	}
-	if t.activeOf(op.VolumeID) != op.Seq {
+	if active, err := t.activeOf(op.VolumeID); err != nil {
+		return err
+	} else if active != op.Seq {
 		return fmt.Errorf("store: op %d is not active", op.Seq)
 	}
-	return put(t.tx.Bucket(bucketOps), u64(op.Seq), op)
+	return t.put(bucketOps, u64(op.Seq), op)
 }
 
 // Finish records the outcome of op (which must be finished: succeeded or
@@ -242,7 +340,9 @@ func (t *Tx) Finish(v *Volume, op *Op) error {
 	if op.Status.Active() {
 		return fmt.Errorf("store: Finish with op %d still %s", op.Seq, op.Status)
 	}
-	if a := t.activeOf(v.ID); a != op.Seq {
+	if a, err := t.activeOf(v.ID); err != nil {
+		return err
+	} else if a != op.Seq {
 		return fmt.Errorf("store: volume %s has active op %d, not %d", v.ID, a, op.Seq)
 	}
 	if err := t.checkFinish(v, op); err != nil {
@@ -251,7 +351,7 @@ func (t *Tx) Finish(v *Volume, op *Op) error {
 	v.ActiveOp = 0
 	prev := v.LastOp
 	v.LastOp = op.Seq
-	if err := put(t.tx.Bucket(bucketOps), u64(op.Seq), op); err != nil {
+	if err := t.put(bucketOps, u64(op.Seq), op); err != nil {
 		return err
 	}
 	if err := t.tx.Bucket(bucketActive).Delete([]byte(v.ID)); err != nil {
@@ -304,7 +404,9 @@ func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now 
 	if err := checkID(v.ID); err != nil {
 		return err
 	}
-	if v.ActiveOp != 0 || t.activeOf(v.ID) != 0 {
+	if active, err := t.activeOf(v.ID); err != nil {
+		return err
+	} else if v.ActiveOp != 0 || active != 0 {
 		return fmt.Errorf("store: volume %s has an active op; it is left to the op", v.ID)
 	}
 	cur, err := t.Volume(v.ID)
@@ -329,13 +431,15 @@ func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now 
 		return t.remove(cur)
 	}
 	names := t.tx.Bucket(bucketNames)
-	if cur != nil && cur.Name != "" && cur.Name != v.Name && string(names.Get([]byte(cur.Name))) == v.ID {
-		if err := names.Delete([]byte(cur.Name)); err != nil {
-			return err
+	if cur != nil && cur.Name != "" && cur.Name != v.Name {
+		if owner, err := t.getRaw(bucketNames, []byte(cur.Name)); err == nil && string(owner) == v.ID {
+			if err := names.Delete([]byte(cur.Name)); err != nil {
+				return err
+			}
 		}
 	}
 	if v.Name != "" {
-		if err := names.Put([]byte(v.Name), []byte(v.ID)); err != nil {
+		if err := t.putRaw(bucketNames, []byte(v.Name), []byte(v.ID)); err != nil {
 			return err
 		}
 	}
@@ -350,10 +454,13 @@ func (t *Tx) remove(v *Volume) error {
 	if err := t.tx.Bucket(bucketVolumes).Delete([]byte(v.ID)); err != nil {
 		return err
 	}
-	names := t.tx.Bucket(bucketNames)
-	if v.Name != "" && string(names.Get([]byte(v.Name))) == v.ID {
-		if err := names.Delete([]byte(v.Name)); err != nil {
-			return err
+	if v.Name != "" {
+		// The entry goes if it names this volume; a damaged one stays
+		// for csid check to report.
+		if owner, err := t.getRaw(bucketNames, []byte(v.Name)); err == nil && string(owner) == v.ID {
+			if err := t.tx.Bucket(bucketNames).Delete([]byte(v.Name)); err != nil {
+				return err
+			}
 		}
 	}
 	if err := t.tx.Bucket(bucketResize).Delete([]byte(v.ID)); err != nil {
@@ -396,12 +503,13 @@ func (t *Tx) prune(latest, prev uint64) error {
 		if raw == nil {
 			continue
 		}
+		payload, err := unseal(bucketOps, u64(cursor), raw)
 		var o struct {
 			VolumeID string   `json:"volumeID"`
 			Status   OpStatus `json:"status"`
 		}
-		if err := json.Unmarshal(raw, &o); err != nil {
-			return fmt.Errorf("decode op %d: %w", cursor, err)
+		if err != nil || json.Unmarshal(payload, &o) != nil {
+			continue // damaged: kept for csid check to report
 		}
 		if o.Status.Active() || t.isLastOp(o.VolumeID, cursor) {
 			continue // finishing, or becoming superseded, deletes it later
@@ -413,9 +521,11 @@ func (t *Tx) prune(latest, prev uint64) error {
 	return meta.Put(keyPruned, u64(cursor))
 }
 
+// isLastOp reports whether seq is volume id's last op; when the volume's
+// record is damaged it may be, and the op is kept.
 func (t *Tx) isLastOp(id string, seq uint64) bool {
 	v, err := t.Volume(id)
-	return err == nil && v != nil && v.LastOp == seq
+	return err != nil || v != nil && v.LastOp == seq
 }
 
 func historyPrefix(id string) []byte { return append([]byte(id), 0) }
@@ -444,7 +554,7 @@ func (t *Tx) AddNote(id string, h HistoryEntry) error {
 	if k != nil && bytes.HasPrefix(k, prefix) && len(k) == len(prefix)+8 {
 		next = fromU64(k[len(prefix):]) + 1
 	}
-	if err := put(notes, historyKey(prefix, next), h); err != nil {
+	if err := t.put(bucketHistory, historyKey(prefix, next), h); err != nil {
 		return err
 	}
 	if limit := uint64(t.s.opts.HistoryLimit); next >= limit {
@@ -475,9 +585,12 @@ func (t *Tx) histories(want func(string) bool) (map[string][]HistoryEntry, error
 	out := map[string][]HistoryEntry{}
 	c := t.tx.Bucket(bucketOps).Cursor()
 	for k, raw := c.First(); k != nil; k, raw = c.Next() {
-		op := new(Op)
-		if err := json.Unmarshal(raw, op); err != nil {
-			return nil, fmt.Errorf("decode op %d: %w", fromU64(k), err)
+		op, err := decodeOp(fromU64(k), raw)
+		if t.skipDamaged(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
 		}
 		if op.Status.Active() || !want(op.VolumeID) {
 			continue
@@ -490,11 +603,14 @@ func (t *Tx) histories(want func(string) bool) (map[string][]HistoryEntry, error
 		if i < 0 || !want(string(k[:i])) {
 			continue
 		}
-		var h HistoryEntry
-		if err := json.Unmarshal(raw, &h); err != nil {
-			return nil, fmt.Errorf("decode note %q: %w", k, err)
+		h, err := decode[HistoryEntry](bucketHistory, k, raw)
+		if t.skipDamaged(err) {
+			continue
 		}
-		out[string(k[:i])] = append(out[string(k[:i])], h)
+		if err != nil {
+			return nil, err
+		}
+		out[string(k[:i])] = append(out[string(k[:i])], *h)
 	}
 	for id, hist := range out {
 		// Lines in time order; at equal times an op before a note, ops by
@@ -508,9 +624,21 @@ func (t *Tx) histories(want func(string) bool) (map[string][]HistoryEntry, error
 	return out, nil
 }
 
-// Resize returns the deferred resize of a volume, or nil.
+// Resize returns the deferred resize of a volume, or nil. A damaged entry
+// is a *DamagedError: whether a resize is queued is unknown.
 func (t *Tx) Resize(id string) (*Resize, error) {
-	return get[Resize](t.tx.Bucket(bucketResize), []byte(id))
+	return decodeResize([]byte(id), t.tx.Bucket(bucketResize).Get([]byte(id)))
+}
+
+func decodeResize(key, raw []byte) (*Resize, error) {
+	if raw == nil {
+		return nil, nil
+	}
+	r, err := decode[Resize](bucketResize, key, raw)
+	if err == nil && r.VolumeID != string(key) {
+		return nil, damaged(bucketResize, key, fmt.Sprintf("names volume %s", r.VolumeID))
+	}
+	return r, err
 }
 
 // PutResize writes a resize queue entry.
@@ -518,7 +646,7 @@ func (t *Tx) PutResize(r *Resize) error {
 	if err := checkID(r.VolumeID); err != nil {
 		return err
 	}
-	return put(t.tx.Bucket(bucketResize), []byte(r.VolumeID), r)
+	return t.put(bucketResize, []byte(r.VolumeID), r)
 }
 
 // DeleteResize removes a volume's resize queue entry, if any.
@@ -527,13 +655,16 @@ func (t *Tx) DeleteResize(id string) error {
 }
 
 // ForEachResize calls fn for each resize queue entry in volume id order,
-// until fn returns false.
+// until fn returns false. A damaged entry is skipped (see Skipped).
 func (t *Tx) ForEachResize(fn func(*Resize) bool) error {
 	c := t.tx.Bucket(bucketResize).Cursor()
 	for k, raw := c.First(); k != nil; k, raw = c.Next() {
-		r := new(Resize)
-		if err := json.Unmarshal(raw, r); err != nil {
-			return fmt.Errorf("decode resize %q: %w", k, err)
+		r, err := decodeResize(k, raw)
+		if t.skipDamaged(err) {
+			continue
+		}
+		if err != nil {
+			return err
 		}
 		if !fn(r) {
 			return nil
