@@ -223,7 +223,7 @@ func (d *Driver) lookup(id string) (*store.Volume, error) {
 	}
 	v, err := d.cfg.Engine.Volume(id)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "read volume %s: %v", id, err)
+		return nil, err // an *ops.Error: DataLoss for a damaged record, else Internal
 	}
 	if v == nil {
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)

@@ -230,25 +230,38 @@ func newVolumeID() string {
 func (e *Engine) Start(ctx context.Context) error {
 	var active []*store.Op
 	vols := map[string]*store.Volume{}
+	var damaged []*store.DamagedError
 	err := e.st.View(func(tx *store.Tx) error {
-		var err error
-		if active, err = tx.ActiveOps(); err != nil {
+		ops, err := tx.ActiveOps()
+		if err != nil {
 			return err
 		}
-		for _, op := range active {
+		for _, op := range ops {
 			v, err := tx.Volume(op.VolumeID)
+			if d := (*store.DamagedError)(nil); errors.As(err, &d) {
+				damaged = append(damaged, d)
+				continue
+			}
 			if err != nil {
 				return err
 			}
 			if v == nil || v.ActiveOp != op.Seq {
 				return fmt.Errorf("op %d is active but volume %s does not name it: %w", op.Seq, op.VolumeID, store.ErrCorrupt)
 			}
+			active = append(active, op)
 			vols[op.VolumeID] = v
 		}
+		damaged = append(damaged, tx.Skipped()...)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("recover ops: %w", err)
+	}
+	for _, d := range damaged {
+		// Not resumed, and not failed: the volume's RPCs answer DataLoss
+		// until the record is restored.
+		e.log.Error().Str("volume", d.VolumeID).Str("record", d.Bucket+"/"+d.Key).Str("problem", d.Problem).
+			Msg("a damaged record: its op is not resumed, and csid does not act on its volume; csid check says what to do")
 	}
 	for _, op := range active {
 		e.log.Info().Uint64("op", op.Seq).Str("volume", op.VolumeID).Str("event", string(op.Event)).
@@ -304,7 +317,7 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 			if e.isClosed() {
 				return Outcome{}, ErrClosed
 			}
-			return Outcome{}, Errorf(KindOf(err), "volume %s: %s: %v", req.VolumeID, req.Event, err)
+			return Outcome{}, storeError(req, err)
 		}
 		switch d.kind {
 		case done:

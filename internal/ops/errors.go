@@ -140,6 +140,8 @@ func KindOf(err error) Kind {
 	switch {
 	case errors.Is(err, store.ErrUnavailable):
 		return Transient
+	case errors.Is(err, store.ErrDamaged):
+		return Damaged
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return Busy
 	default:
@@ -179,6 +181,28 @@ func asError(err error) *Error {
 		return oe
 	}
 	return &Error{Kind: KindOf(err), Msg: err.Error()}
+}
+
+// storeError is the answer of a request whose records could not be read.
+// A damaged record is DataLoss, naming it: csid does not act on the volume
+// until the record is restored (the answer is the same on every retry).
+func storeError(req Request, err error) *Error {
+	who := "volume " + req.VolumeID
+	if a, ok := req.Args.(*CreateArgs); ok {
+		who = fmt.Sprintf("volume name %q", a.Name)
+	}
+	return readError(fmt.Sprintf("%s: %s", who, req.Event), err)
+}
+
+// readError is the answer of a read of the records (what says what was
+// read) that failed with err.
+func readError(what string, err error) *Error {
+	var d *store.DamagedError
+	if errors.As(err, &d) {
+		return Errorf(Damaged, "%s: csid does not act on a damaged record: %v; "+
+			"csid check says what to do (docs/operations.md, \"A damaged record\")", what, d)
+	}
+	return Errorf(KindOf(err), "%s: %v", what, err)
 }
 
 // ErrClosed is returned by Submit once the engine is shutting down.

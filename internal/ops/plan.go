@@ -87,6 +87,14 @@ func (p *planner) plan(req Request) (decision, error) {
 		// create request itself.
 		v = nil
 	}
+	if v != nil {
+		// Whether a resize is queued decides whether the volume may be
+		// attached, and what its unpublish starts: a damaged entry stops
+		// every request of the volume here, before anything is accepted.
+		if _, err := p.tx.Resize(v.ID); err != nil {
+			return decision{}, err
+		}
+	}
 	var active *store.Op
 	if v != nil && v.ActiveOp != 0 {
 		if active, err = p.tx.Op(v.ActiveOp); err != nil {

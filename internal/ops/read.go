@@ -7,6 +7,7 @@ import (
 
 // Volume returns a volume's record, or nil when the volume does not exist
 // (or is still being created: it exists for nobody but its creator yet).
+// An error is an *Error: DataLoss for a damaged record.
 func (e *Engine) Volume(id string) (*store.Volume, error) {
 	var v *store.Volume
 	err := e.st.View(func(tx *store.Tx) error {
@@ -14,15 +15,19 @@ func (e *Engine) Volume(id string) (*store.Volume, error) {
 		v, err = tx.Volume(id)
 		return err
 	})
-	if err != nil || v == nil || v.State == fsm.Absent {
-		return nil, err
+	if err != nil {
+		return nil, readError("read volume "+id, err)
+	}
+	if v == nil || v.State == fsm.Absent {
+		return nil, nil
 	}
 	return v, nil
 }
 
 // ListVolumes returns up to max volumes (0: all) in id order after the id
 // `after`, and the id to continue after ("" when there are no more). Volumes
-// still being created are left out.
+// still being created are left out, and so are volumes whose records are
+// damaged (csid check reports them).
 func (e *Engine) ListVolumes(after string, max int) ([]store.Volume, string, error) {
 	var out []store.Volume
 	next := ""

@@ -169,8 +169,13 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 		return rep, fmt.Errorf("list this node's devices: %w", err)
 	}
 	var vols []*store.Volume
+	damaged := map[string]bool{} // volumes whose records are damaged: left alone
 	err = r.Store.View(func(tx *store.Tx) error {
-		return tx.ForEachVolume("", func(v *store.Volume) bool { vols = append(vols, v); return true })
+		err := tx.ForEachVolume("", func(v *store.Volume) bool { vols = append(vols, v); return true })
+		for _, d := range tx.Skipped() {
+			damaged[d.VolumeID] = true
+		}
+		return err
 	})
 	if err != nil {
 		return rep, err
@@ -179,7 +184,7 @@ func (r *Reconciler) Node(ctx context.Context) (Report, error) {
 	for _, v := range vols {
 		byID[v.ID] = v
 	}
-	fixes := r.adoptions(ctx, mounts, devices, byID)
+	fixes := r.adoptions(ctx, mounts, devices, byID, damaged)
 	for _, f := range fixes {
 		rep.Adopted = append(rep.Adopted, f.v.ID)
 	}
@@ -256,7 +261,7 @@ func (r *Reconciler) forget(tx *store.Tx, vols []*store.Volume, now time.Time) (
 // adoptions returns the records that explain the mounts of this node's
 // devices (by disk id) that no record explains, at kubelet's paths or
 // those the records name (see kubeletMounts). byID are the records.
-func (r *Reconciler) adoptions(ctx context.Context, mounts []mounter.MountPoint, devices map[string]string, byID map[string]*store.Volume) []fix {
+func (r *Reconciler) adoptions(ctx context.Context, mounts []mounter.MountPoint, devices map[string]string, byID map[string]*store.Volume, damaged map[string]bool) []fix {
 	node := r.Host.NodeID()
 	var fixes []fix
 	for diskID, dev := range devices {
@@ -268,8 +273,8 @@ func (r *Reconciler) adoptions(ctx context.Context, mounts []mounter.MountPoint,
 			continue // not ours to explain here: `csid check` reports strays
 		}
 		v := byID[d.Tags[effects.TagVolumeID]]
-		if v != nil && v.ActiveOp != 0 {
-			continue
+		if v != nil && v.ActiveOp != 0 || damaged[d.Tags[effects.TagVolumeID]] {
+			continue // left to its op; or its record is damaged: left alone
 		}
 		stage, targets, others := r.kubeletMounts(mounts, dev, d, v)
 		if len(others) > 0 {
