@@ -195,15 +195,33 @@ func (p printer) volumes(w io.Writer, l view.VolumeList) error {
 	}
 	tw := newTab(w)
 	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tSIZE\tNODE\tPENDING OP\tRESIZE\tLAST OP")
+	var damaged []view.Volume
 	for _, v := range l.Volumes {
 		sz := "-"
 		if v.CapacityBytes > 0 {
 			sz = size(v.CapacityBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.ID, dash(v.Name), v.State, sz, dash(v.Node),
+		state := string(v.State)
+		if v.Damage != "" {
+			state = "DAMAGED"
+			if v.State != "" {
+				state = fmt.Sprintf("DAMAGED (%s)", v.State)
+			}
+			damaged = append(damaged, v)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.ID, dash(v.Name), state, sz, dash(v.Node),
 			p.pendingCell(v.PendingOp), resizeCell(v.Resize), lastCell(v.LastOp))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(damaged) > 0 {
+		fmt.Fprintf(w, "\nDamaged records: csid does not act on these volumes (their RPCs answer DataLoss); csid check says what to do:\n")
+		for _, v := range damaged {
+			fmt.Fprintf(w, "  %s: %s\n", v.ID, v.Damage)
+		}
+	}
+	return nil
 }
 
 // volume draws `csid inspect volume ID`: the record, the pending op, the
@@ -213,6 +231,13 @@ func (p printer) volume(w io.Writer, v view.Volume) error {
 	row := func(k, format string, a ...any) { fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, a...)...) }
 	more := func(format string, a ...any) { fmt.Fprintf(tw, "\t"+format+"\n", a...) }
 	row("Volume:", "%s", v.ID)
+	if v.Damage != "" {
+		row("DAMAGED:", "%s", v.Damage)
+		more("csid does not act on this volume: its RPCs answer DataLoss; csid check says what to do")
+		if v.State == "" {
+			return tw.Flush() // its own record is unreadable: nothing more is known
+		}
+	}
 	row("Name:", "%s", dash(v.Name))
 	row("State:", "%s (generation %d)", v.State, v.Generation)
 	if v.DiskID != "" {

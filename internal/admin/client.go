@@ -101,6 +101,11 @@ func (c *Client) Resizes(ctx context.Context) (out view.ResizeList, err error) {
 	return out, c.get(ctx, "/v1/resizes", nil, &out)
 }
 
+// Damaged lists the damaged records; see view.Source.
+func (c *Client) Damaged(ctx context.Context) (out view.DamageList, err error) {
+	return out, c.get(ctx, "/v1/damaged", nil, &out)
+}
+
 func (c *Client) get(ctx context.Context, path string, q url.Values, out any) error {
 	// path is escaped already (ids are escaped by the callers).
 	target := "http://csid" + path

@@ -12,6 +12,7 @@
 //	GET /v1/ops                  {"ops": [...]}, newest first; ?status=pending|failed&volume=ID&limit=N
 //	GET /v1/ops/{seq}            one op; 404 when unknown or pruned
 //	GET /v1/resizes              {"resizes": [...]}: the deferred resize queue
+//	GET /v1/damaged              {"records": [...]}: records that fail their checksum (reads every record)
 //
 // Errors are {"error": "..."} with 400 (a bad parameter), 404, 405 (not
 // GET) or 500. It can be read with curl:
@@ -53,8 +54,9 @@ func Handler(src view.Source, log zerolog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/ops", h.ops)
 	mux.HandleFunc("GET /v1/ops/{seq}", h.op)
 	mux.HandleFunc("GET /v1/resizes", h.resizes)
+	mux.HandleFunc("GET /v1/damaged", h.damaged)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no such path %s: see GET /v1/volumes, /v1/volumes/{id}, /v1/ops, /v1/ops/{seq}, /v1/resizes, /v1/info", r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Errorf("no such path %s: see GET /v1/volumes, /v1/volumes/{id}, /v1/ops, /v1/ops/{seq}, /v1/resizes, /v1/damaged, /v1/info", r.URL.Path))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -132,6 +134,11 @@ func (h *handler) op(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) resizes(w http.ResponseWriter, r *http.Request) {
 	out, err := h.src.Resizes(r.Context())
+	reply(w, out, err)
+}
+
+func (h *handler) damaged(w http.ResponseWriter, r *http.Request) {
+	out, err := h.src.Damaged(r.Context())
 	reply(w, out, err)
 }
 

@@ -12,6 +12,7 @@
 //
 // # Findings (Finding.Kind)
 //
+//	record-damaged           a record of csid's state file fails its checksum: csid does not act on it
 //	disk-without-volume      the cloud has a disk no record names
 //	volume-without-disk      a record names a disk the cloud does not have
 //	attachment-unknown       the cloud has a disk attached to a node the record does not say
@@ -44,6 +45,7 @@ type Kind string
 
 // Kinds of findings, in the order reports list them.
 const (
+	RecordDamaged         Kind = "record-damaged"
 	DiskWithoutVolume     Kind = "disk-without-volume"
 	VolumeWithoutDisk     Kind = "volume-without-disk"
 	AttachmentUnknown     Kind = "attachment-unknown"
@@ -55,19 +57,21 @@ const (
 )
 
 // Kinds lists every kind, in report order.
-var Kinds = []Kind{DeviceMismatch, DiskWithoutVolume, VolumeWithoutDisk, AttachmentUnknown, AttachmentMissing,
+var Kinds = []Kind{RecordDamaged, DeviceMismatch, DiskWithoutVolume, VolumeWithoutDisk, AttachmentUnknown, AttachmentMissing,
 	LoopDeviceUnaccounted, MountUnaccounted, MountMissing}
 
 // Finding is one disagreement between records, cloud and host.
 type Finding struct {
 	Kind Kind `json:"kind"`
-	// Volume, Disk, Node, Device and Path are what the finding is about
+	// Volume, Disk, Node, Device, Path and Record are what the finding is about
 	// (those that apply).
 	Volume string `json:"volume,omitempty"`
 	Disk   string `json:"disk,omitempty"`
 	Node   string `json:"node,omitempty"`
 	Device string `json:"device,omitempty"`
 	Path   string `json:"path,omitempty"`
+	// Record is a damaged record: bucket/key in the state file.
+	Record string `json:"record,omitempty"`
 	// Problem says what disagrees, Cause what most likely led there, Action
 	// what to do about it.
 	Problem string `json:"problem"`
@@ -85,6 +89,8 @@ type Store struct {
 	// is staged and published.
 	Mode    string        `json:"mode"`
 	Volumes []view.Volume `json:"-"`
+	// Damaged are the records that fail their checksum.
+	Damaged []view.DamagedRecord `json:"-"`
 }
 
 func (s *Store) controller() bool { return s.Mode != "node" }
@@ -186,7 +192,9 @@ func Compare(in Input) Report {
 		c.haveN = c.haveN || s.node()
 		for _, v := range s.Volumes {
 			ids[v.ID] = true
-			if v.PendingOp != nil {
+			if v.Damage != "" {
+				c.skip[v.ID] = "its records are damaged"
+			} else if v.PendingOp != nil {
 				c.skip[v.ID] = fmt.Sprintf("op #%d %s in flight", v.PendingOp.Seq, v.PendingOp.Event)
 			} else if in.Changing[v.ID] {
 				c.skip[v.ID] = "changed while check ran"
@@ -216,6 +224,7 @@ func Compare(in Input) Report {
 		c.note("no csid records were read: nothing to compare")
 		return c.out
 	}
+	c.damaged()
 	c.disks()
 	c.devices()
 	c.mounts()
@@ -234,6 +243,19 @@ func Compare(in Input) Report {
 		return cmp.Or(cmp.Compare(a.Volume, b.Volume), cmp.Compare(a.Disk, b.Disk), cmp.Compare(a.Device, b.Device), cmp.Compare(a.Path, b.Path))
 	})
 	return c.out
+}
+
+// damaged reports the records that fail their checksum.
+func (c *comparison) damaged() {
+	for _, s := range c.in.Stores {
+		blocked := map[string]bool{}
+		for _, v := range s.Volumes {
+			blocked[v.ID] = v.Damage != ""
+		}
+		for _, d := range s.Damaged {
+			c.add(recordDamaged(s.Name, d, blocked[d.VolumeID] || d.Bucket == "names"))
+		}
+	}
 }
 
 // onHost reports whether a node's devices and mounts are on this host

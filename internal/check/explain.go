@@ -13,6 +13,29 @@ func pvLookup(volumeID string) string {
 	return fmt.Sprintf(`kubectl get pv -o jsonpath='{range .items[?(@.spec.csi.volumeHandle=="%s")]}{.metadata.name}{"\n"}{end}'`, volumeID)
 }
 
+// recordDamaged explains a record that fails its checksum, in the records
+// of store; blocking says csid does not act on its volume (or name) because
+// of it, rather than only having lost a line of history.
+func recordDamaged(store string, d view.DamagedRecord, blocking bool) Finding {
+	f := Finding{Kind: RecordDamaged, Volume: d.VolumeID, Record: d.Record,
+		Problem: fmt.Sprintf("%s, in %s", d.Message, store),
+		Cause: "the state file was changed outside csid: a failing disk or controller, a bad block, a lost write, or another program writing to the file; " +
+			"csid seals every record with a checksum when it writes it"}
+	restore := "Restore the state file from a backup taken after the volume's last change (stop csid, check the copy with `csid state verify --db <copy>`, " +
+		"put it in place of the file, start csid); without one, stop csid, move the state file aside and start it with --rebuild-from-cloud: " +
+		"a controller rebuilds its records from the disks' tags (queued resizes included), a node from the host's mounts (docs/operations.md, \"A damaged record\")"
+	switch {
+	case d.Bucket == "names":
+		f.Action = fmt.Sprintf("csid does not know which volume the name %q was given to: a CreateVolume with that name answers DataLoss. %s", d.Key, restore)
+	case blocking:
+		f.Action = fmt.Sprintf("csid does not act on volume %s: its RPCs answer DataLoss, and an op it had in flight is not resumed. %s", d.VolumeID, restore)
+	default:
+		f.Action = "only history is lost: csid acts on nothing in this record, and the volume works; csid inspect volume leaves the line out. " +
+			"Nothing to do (restoring a backup brings the line back)"
+	}
+	return f
+}
+
 func diskWithoutVolume(d cloud.Disk, owner string) Finding {
 	f := Finding{Kind: DiskWithoutVolume, Disk: d.ID, Volume: owner, Node: d.AttachedTo,
 		Problem: fmt.Sprintf("the cloud has %s, and no csid record names it", diskWords(d))}

@@ -98,7 +98,7 @@ func Gather(ctx context.Context, s Sources) (Input, error) {
 		}
 		in.Kubelets = append(in.Kubelets, k)
 	}
-	before, err := readRecords(ctx, s.Records)
+	before, err := readRecords(ctx, s.Records, false)
 	if err != nil {
 		return Input{}, err
 	}
@@ -118,7 +118,7 @@ func Gather(ctx context.Context, s Sources) (Input, error) {
 		}
 		in.Mounts, in.MountsRead = withVolData(mps, in.Kubelets), true
 	}
-	if in.Stores, err = readRecords(ctx, s.Records); err != nil {
+	if in.Stores, err = readRecords(ctx, s.Records, true); err != nil {
 		return Input{}, err
 	}
 	in.Changing = Changed(before, in.Stores)
@@ -151,14 +151,24 @@ func unseen(stores []Store) map[string]bool {
 	return out
 }
 
-func readRecords(ctx context.Context, srcs []RecordSource) ([]Store, error) {
+// readRecords reads the volumes of every source and, with damaged, checks
+// every record of each (a scan of the whole file).
+func readRecords(ctx context.Context, srcs []RecordSource, damaged bool) ([]Store, error) {
 	out := make([]Store, 0, len(srcs))
 	for _, src := range srcs {
 		l, err := src.Source.Volumes(ctx, view.VolumeFilter{})
 		if err != nil {
 			return nil, fmt.Errorf("read the records of %s: %w", src.Name, err)
 		}
-		out = append(out, Store{Name: src.Name, Mode: src.Mode, Volumes: l.Volumes})
+		st := Store{Name: src.Name, Mode: src.Mode, Volumes: l.Volumes}
+		if damaged {
+			d, err := src.Source.Damaged(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("check the records of %s: %w", src.Name, err)
+			}
+			st.Damaged = d.Records
+		}
+		out = append(out, st)
 	}
 	return out, nil
 }

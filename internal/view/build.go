@@ -3,6 +3,7 @@ package view
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -30,6 +31,8 @@ type Source interface {
 	Op(ctx context.Context, seq uint64) (Op, error)
 	// Resizes lists the deferred resizes in volume id order.
 	Resizes(ctx context.Context) (ResizeList, error)
+	// Damaged checks every record and lists the damaged ones.
+	Damaged(ctx context.Context) (DamageList, error)
 }
 
 // Reader is what the views read: a store's read-only transactions. A
@@ -79,6 +82,11 @@ func (s *StoreSource) Resizes(ctx context.Context) (ResizeList, error) {
 	return read(ctx, s.r, ListResizes)
 }
 
+// Damaged lists the damaged records; see Source.
+func (s *StoreSource) Damaged(ctx context.Context) (DamageList, error) {
+	return read(ctx, s.r, ListDamaged)
+}
+
 // read builds a view in one read-only transaction of r, unless ctx has
 // ended already.
 func read[T any](ctx context.Context, r Reader, build func(tx *store.Tx) (T, error)) (out T, err error) {
@@ -118,7 +126,12 @@ func ListVolumes(tx *store.Tx, f VolumeFilter) (VolumeList, error) {
 	}
 	out := VolumeList{Volumes: []Volume{}}
 	var ferr error
-	err := tx.ForEachVolume("", func(v *store.Volume) bool {
+	err := tx.ForEachVolumeRecord("", func(v *store.Volume, bad *store.DamagedError) bool {
+		if bad != nil {
+			// Its state and node are unknown: listed whatever the filter.
+			out.Volumes = append(out.Volumes, Volume{ID: bad.VolumeID, Damage: bad.Error()})
+			return true
+		}
 		if (f.State != "" && v.State != f.State) || (f.Node != "" && v.Node() != f.Node) {
 			return true
 		}
@@ -140,9 +153,14 @@ func ListVolumes(tx *store.Tx, f VolumeFilter) (VolumeList, error) {
 }
 
 // GetVolume builds one volume, with its history, from tx; ErrNotFound when
-// there is no record.
+// there is no record. A volume whose record is damaged has only its id and
+// damage; history lines whose records are damaged are left out (ListDamaged
+// names them).
 func GetVolume(tx *store.Tx, id string) (Volume, error) {
 	v, err := tx.Volume(id)
+	if bad, ok := damage(err); ok {
+		return Volume{ID: id, Damage: bad}, nil
+	}
 	if err != nil {
 		return Volume{}, fmt.Errorf("volume %s: %w", id, err)
 	}
@@ -185,18 +203,47 @@ func volume(tx *store.Tx, v *store.Volume) (Volume, error) {
 	}
 	var err error
 	if out.PendingOp, err = opBySeq(tx, v.ActiveOp); err != nil {
-		return Volume{}, fmt.Errorf("volume %s: pending op: %w", v.ID, err)
+		if out.Damage, _ = damage(err); out.Damage == "" {
+			return Volume{}, fmt.Errorf("volume %s: pending op: %w", v.ID, err)
+		}
 	}
 	if out.LastOp, err = opBySeq(tx, v.LastOp); err != nil {
-		return Volume{}, fmt.Errorf("volume %s: last op: %w", v.ID, err)
+		if _, ok := damage(err); !ok { // a damaged last op is lost history, nothing worse
+			return Volume{}, fmt.Errorf("volume %s: last op: %w", v.ID, err)
+		}
 	}
 	r, err := tx.Resize(v.ID)
 	if err != nil {
-		return Volume{}, fmt.Errorf("volume %s: resize: %w", v.ID, err)
+		if out.Damage, _ = damage(err); out.Damage == "" {
+			return Volume{}, fmt.Errorf("volume %s: resize: %w", v.ID, err)
+		}
 	}
 	if r != nil {
 		rv := resize(r, v)
 		out.Resize = &rv
+	}
+	return out, nil
+}
+
+// damage returns the message of a damaged record's error.
+func damage(err error) (string, bool) {
+	var d *store.DamagedError
+	if errors.As(err, &d) {
+		return d.Error(), true
+	}
+	return "", false
+}
+
+// ListDamaged checks every record of tx and lists the damaged ones.
+func ListDamaged(tx *store.Tx) (DamageList, error) {
+	bad, err := tx.Damaged()
+	if err != nil {
+		return DamageList{}, fmt.Errorf("check the records: %w", err)
+	}
+	out := DamageList{Records: []DamagedRecord{}}
+	for _, d := range bad {
+		out.Records = append(out.Records, DamagedRecord{Record: d.Bucket + "/" + d.Key, Bucket: d.Bucket, Key: d.Key,
+			VolumeID: d.VolumeID, Problem: d.Problem, Message: d.Error()})
 	}
 	return out, nil
 }
@@ -288,6 +335,9 @@ func ListResizes(tx *store.Tx) (ResizeList, error) {
 	var ferr error
 	err := tx.ForEachResize(func(r *store.Resize) bool {
 		v, err := tx.Volume(r.VolumeID)
+		if _, ok := damage(err); ok {
+			v, err = nil, nil // the volume's state is unknown
+		}
 		if err != nil {
 			ferr = err
 			return false

@@ -43,6 +43,10 @@
 //	                change failed, if it did
 //	history         (GET /v1/volumes/{id} only) how it got here: HistoryLines,
 //	                oldest first
+//	damage          why csid does not act on this volume: a record it needs (the
+//	                volume's own, its active-op entry, its pending op, its resize)
+//	                is damaged; its RPCs answer DataLoss. A volume whose own record
+//	                is damaged has only id and damage
 //
 // Op (GET /v1/ops/{seq}; the items of GET /v1/ops):
 //
@@ -96,9 +100,19 @@
 //	generation      the volume's generation after the line
 //	outcome         "ok", "failed: <message>", or what a note says
 //
+// DamagedRecord (the items of GET /v1/damaged):
+//
+//	record          where it is: bucket/key (volumes/<id>, names/<name>, ops/<seq>,
+//	                active/<id>, resize/<id>, history/<id>#<n>)
+//	bucket, key     the same, apart
+//	volumeID        the volume it belongs to, when known
+//	problem         what is wrong: "fails its checksum", "does not decode: ..."
+//	message         the whole sentence
+//
 // Lists: GET /v1/volumes is {"volumes": [Volume...]} in id order; GET
 // /v1/ops is {"ops": [Op...]}, newest first; GET /v1/resizes is
-// {"resizes": [Resize...]} in volume id order. GET /v1/info is an Info.
+// {"resizes": [Resize...]} in volume id order; GET /v1/damaged is
+// {"records": [DamagedRecord...]}. GET /v1/info is an Info.
 package view
 
 import (
@@ -140,6 +154,7 @@ type Volume struct {
 	Resize         *Resize           `json:"resize,omitempty"`
 	LastOp         *Op               `json:"lastOp,omitempty"`
 	History        []HistoryLine     `json:"history,omitempty"`
+	Damage         string            `json:"damage,omitempty"`
 }
 
 // Target is one published target path of a volume.
@@ -232,6 +247,22 @@ type OpList struct {
 // ResizeList is the answer of GET /v1/resizes.
 type ResizeList struct {
 	Resizes []Resize `json:"resizes"`
+}
+
+// DamagedRecord is a record that fails its checksum or its decoding. See
+// the package doc for the fields.
+type DamagedRecord struct {
+	Record   string `json:"record"`
+	Bucket   string `json:"bucket"`
+	Key      string `json:"key"`
+	VolumeID string `json:"volumeID,omitempty"`
+	Problem  string `json:"problem"`
+	Message  string `json:"message"`
+}
+
+// DamageList is the answer of GET /v1/damaged.
+type DamageList struct {
+	Records []DamagedRecord `json:"records"`
 }
 
 // Info says which csid a source is (GET /v1/info).
