@@ -50,6 +50,8 @@ type call struct {
 // file is immutable, an I/O error) fails every call in it with an error
 // wrapping ErrUnavailable, and Health reports the fault until a later
 // commit succeeds; the store retries a probe commit on its own meanwhile.
+// While the file watch finds the file removed, replaced or cut short,
+// every call fails so, without touching the file.
 func (s *Store) Update(fn func(tx *Tx) error) error {
 	if s.readOnly {
 		return ErrReadOnly
@@ -117,8 +119,17 @@ func (s *Store) lead(caller bool) {
 // it alone gets the error and the rest are committed again without it.
 func (s *Store) commit(batch []*call) {
 	start := time.Now()
+	if err := s.checkFile(); err != nil {
+		// The path no longer leads to the open file, or it was cut short:
+		// nothing more is written to it (see fileWatch).
+		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		for _, c := range batch {
+			c.done <- err
+		}
+		return
+	}
 	failed := -1
-	err := s.db.Update(func(btx *bolt.Tx) error {
+	err := s.update(func(btx *bolt.Tx) error {
 		// The first hook: the store's own bookkeeping is done before any
 		// caller's hook answers a waiter, who may then look at it.
 		btx.OnCommit(func() {
@@ -161,6 +172,21 @@ func (s *Store) commit(batch []*call) {
 	if len(rest) > 0 {
 		s.commit(rest)
 	}
+}
+
+// update is db.Update that survives a fault reading the mapped file (the
+// file cut short under csid): it is the transaction's error.
+func (s *Store) update(fn func(*bolt.Tx) error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if !isFault(r) {
+				panic(r)
+			}
+			err = s.faulted(r)
+		}
+	}()
+	return s.db.Update(fn)
 }
 
 // runCall runs one caller's fn, turning a panic into its error.

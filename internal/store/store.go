@@ -81,6 +81,14 @@ type Options struct {
 	// callers it served and its duration.
 	Observe func(batch int, took time.Duration)
 
+	// WatchInterval is how often the file watch compares the open file
+	// with its path (default 1s); it also runs before every commit.
+	WatchInterval time.Duration
+	// OnFileFault, if set, is called (from the watch) when the watch finds
+	// the file removed, replaced or cut short, or finds another problem
+	// than the last: the error says what happened and what to do.
+	OnFileFault func(error)
+
 	// pageSize is the page size of a new file (tests: small fuzz seeds);
 	// 0 is bbolt's default, the OS page size.
 	pageSize int
@@ -99,6 +107,9 @@ func (o *Options) defaults() {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 256
 	}
+	if o.WatchInterval <= 0 {
+		o.WatchInterval = time.Second
+	}
 }
 
 // Store is an open state file.
@@ -109,6 +120,10 @@ type Store struct {
 	readOnly bool
 	// migratedFrom is the schema Open migrated the file from (0: none).
 	migratedFrom uint64
+	// created says Open found no file, or an empty one.
+	created bool
+	// watch compares the open file with its path (nil when read-only).
+	watch *fileWatch
 	// volumes caches decoded volume records by their encoded bytes.
 	volumes volumeCache
 
@@ -135,15 +150,17 @@ type Store struct {
 // ErrLocked error naming the holder, returned within opts.LockTimeout.
 func Open(path string, opts Options) (*Store, error) {
 	opts.defaults()
-	fresh, migrated := false, uint64(0)
+	fresh, created, migrated := false, false, uint64(0)
 	if st, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		fresh = true
+		fresh, created = true, true
+	} else if err == nil && st.Mode().IsRegular() && st.Size() == 0 {
+		created = true
 	} else if err != nil {
 		return nil, fmt.Errorf("state file %s: %w", path, err)
 	} else if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("state file %s: not a regular file: %w", path, ErrCorrupt)
 	}
-	db, err := openBolt(path, &bolt.Options{
+	db, file, err := openBolt(path, &bolt.Options{
 		Timeout:        opts.LockTimeout,
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
@@ -180,15 +197,25 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 		return err
 	})
+	var watch *fileWatch
+	if err == nil {
+		watch, err = newFileWatch(file)
+	}
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, path: path, opts: opts, migratedFrom: migrated}
+	s := &Store{db: db, path: path, opts: opts, migratedFrom: migrated, created: created, watch: watch}
 	s.idle.L = &s.cmu
 	s.health.init()
+	s.health.probes.Add(1)
+	go s.watchFile()
 	return s, nil
 }
+
+// Created reports whether Open found no file at its path, or an empty one,
+// and so started a new one.
+func (s *Store) Created() bool { return s.created }
 
 // OpenReadOnly opens an existing state file for inspection. It never creates
 // or modifies the file. A file held by a running csid is an ErrLocked error
@@ -198,7 +225,7 @@ func OpenReadOnly(path string, opts Options) (*Store, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("state file %s: %w", path, err)
 	}
-	db, err := openBolt(path, &bolt.Options{ReadOnly: true, Timeout: opts.LockTimeout})
+	db, _, err := openBolt(path, &bolt.Options{ReadOnly: true, Timeout: opts.LockTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -230,11 +257,10 @@ func OpenReadOnly(path string, opts Options) (*Store, error) {
 // assertions fire on goroutines of its own or as faults past the end of a
 // short file, and none of those can be recovered. What is left (a panic or
 // a fault on this goroutine) is recovered all the same, as a damaged file.
-func openBolt(path string, o *bolt.Options) (db *bolt.DB, err error) {
+func openBolt(path string, o *bolt.Options) (db *bolt.DB, file *os.File, err error) {
 	if err := verifyFile(path); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var file *os.File
 	o.OpenFile = func(name string, flag int, perm os.FileMode) (*os.File, error) {
 		f, err := os.OpenFile(name, flag, perm)
 		file = f
@@ -246,20 +272,20 @@ func openBolt(path string, o *bolt.Options) (db *bolt.DB, err error) {
 			if file != nil {
 				file.Close() // releases the lock; the mapping is lost with the panic
 			}
-			db, err = nil, damagedError(path, fmt.Errorf("bbolt: %v", r))
+			db, file, err = nil, nil, damagedError(path, fmt.Errorf("bbolt: %v", r))
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, o)
 	if err == nil {
-		return db, nil
+		return db, file, nil
 	}
 	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, &LockedError{Path: path, Holder: lockHolder(path)}
+		return nil, nil, &LockedError{Path: path, Holder: lockHolder(path)}
 	}
 	if errors.Is(err, os.ErrPermission) || errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("state file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("state file %s: %w", path, err)
 	}
-	return nil, damagedError(path, err)
+	return nil, nil, damagedError(path, err)
 }
 
 // verifyFile checks the structure of the file at path under a shared lock,
@@ -364,9 +390,40 @@ func (e *LockedError) Unwrap() error { return ErrLocked }
 func (s *Store) Path() string { return s.path }
 
 // View runs fn in a read-only transaction. Views run concurrently with each
-// other and with the committer.
-func (s *Store) View(fn func(tx *Tx) error) error {
+// other and with the committer. A file cut short under csid is not read
+// (its pages past the cut would fault): View returns the watch's finding.
+// A fault while reading (the file cut before the watch saw it) is an error
+// too, not a crash.
+func (s *Store) View(fn func(tx *Tx) error) (err error) {
+	if err := s.fileCut(); err != nil {
+		return err
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if !isFault(r) {
+				panic(r)
+			}
+			err = s.faulted(r)
+		}
+	}()
 	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx, s: s}) })
+}
+
+// isFault reports whether a recovered panic is a memory fault (a read of
+// the mapped file past its end), as debug.SetPanicOnFault makes them.
+func isFault(r any) bool {
+	_, ok := r.(interface{ Addr() uintptr })
+	return ok
+}
+
+// faulted is the error of a transaction that faulted reading the mapped
+// file: the watch looks at once, and says what happened.
+func (s *Store) faulted(r any) error {
+	if err := s.checkFile(); err != nil {
+		return err
+	}
+	return fmt.Errorf("state file %s: reading it faulted (%v): %w", s.path, r, ErrFileLost)
 }
 
 // Close waits for pending commits, then closes the file. It is safe to call
