@@ -56,6 +56,9 @@ type Options struct {
 	// Deadlines bound each attempt of an op, by event (the engine's
 	// defaults for the events left out).
 	Deadlines ops.Deadlines
+	// StateWatchInterval is how often csid compares its open state file
+	// with the file at its path (default 1s; tests).
+	StateWatchInterval time.Duration
 	// ShutdownTimeout bounds the graceful stop of gRPC, then of the
 	// workers (default 10s each).
 	ShutdownTimeout time.Duration
@@ -149,7 +152,10 @@ func Run(ctx context.Context, o Options) error {
 	// The state file first: a second csid on the same state dir stops here,
 	// naming the holder, within a second.
 	ob := newObservability(o, log)
-	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{LockTimeout: 500 * time.Millisecond, Observe: ob.storeHook()})
+	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{LockTimeout: 500 * time.Millisecond, Observe: ob.storeHook(),
+		WatchInterval: o.StateWatchInterval, OnFileFault: func(err error) {
+			log.Error().Err(err).Msg("the state file changed under csid: csid is not ready and takes no writes")
+		}})
 	if err != nil {
 		return fmt.Errorf("open the state file: %w", err)
 	}
