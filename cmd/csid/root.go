@@ -41,7 +41,7 @@ attached waits durably and runs the moment the volume is detached.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newInspect(time.Now), newCheck(), newDrill(), newBench(), newVersion())
+	root.AddCommand(newServe(), newInspect(time.Now), newCheck(), newState(), newDrill(), newBench(), newVersion())
 	return root
 }
 

@@ -106,6 +106,35 @@ func (c *Client) Damaged(ctx context.Context) (out view.DamageList, err error) {
 	return out, c.get(ctx, "/v1/damaged", nil, &out)
 }
 
+// Backup writes a consistent copy of the live csid's state file to w; it
+// returns the bytes written. A stream cut short is an error.
+func (c *Client) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://csid/v1/backup", nil)
+	if err != nil {
+		return 0, err
+	}
+	hc := *c.hc
+	hc.Timeout = 0 // a backup takes as long as it takes; ctx bounds it
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, c.dialError(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e errorBody
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(body, &e) != nil || e.Error == "" {
+			e.Error = resp.Status
+		}
+		return 0, fmt.Errorf("csid at %s: %s", c.socket, e.Error)
+	}
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, fmt.Errorf("read the backup from %s: %w", c.socket, err)
+	}
+	return n, nil
+}
+
 func (c *Client) get(ctx context.Context, path string, q url.Values, out any) error {
 	// path is escaped already (ids are escaped by the callers).
 	target := "http://csid" + path

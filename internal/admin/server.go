@@ -13,6 +13,7 @@
 //	GET /v1/ops/{seq}            one op; 404 when unknown or pruned
 //	GET /v1/resizes              {"resizes": [...]}: the deferred resize queue
 //	GET /v1/damaged              {"records": [...]}: records that fail their checksum (reads every record)
+//	GET /v1/backup               a consistent copy of the state file (application/octet-stream)
 //
 // Errors are {"error": "..."} with 400 (a bad parameter), 404, 405 (not
 // GET) or 500. It can be read with curl:
@@ -29,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -55,8 +57,9 @@ func Handler(src view.Source, log zerolog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/ops/{seq}", h.op)
 	mux.HandleFunc("GET /v1/resizes", h.resizes)
 	mux.HandleFunc("GET /v1/damaged", h.damaged)
+	mux.HandleFunc("GET /v1/backup", h.backup)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no such path %s: see GET /v1/volumes, /v1/volumes/{id}, /v1/ops, /v1/ops/{seq}, /v1/resizes, /v1/damaged, /v1/info", r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Errorf("no such path %s: see GET /v1/volumes, /v1/volumes/{id}, /v1/ops, /v1/ops/{seq}, /v1/resizes, /v1/damaged, /v1/backup, /v1/info", r.URL.Path))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -140,6 +143,47 @@ func (h *handler) resizes(w http.ResponseWriter, r *http.Request) {
 func (h *handler) damaged(w http.ResponseWriter, r *http.Request) {
 	out, err := h.src.Damaged(r.Context())
 	reply(w, out, err)
+}
+
+// backupTimeout bounds the writing of a backup (the server's write timeout
+// is for small answers).
+const backupTimeout = 10 * time.Minute
+
+// backup streams a consistent copy of the state file. An error after the
+// first bytes cuts the stream short, which the client sees: it checks the
+// copy it wrote before it says it is done.
+func (h *handler) backup(w http.ResponseWriter, r *http.Request) {
+	b, ok := h.src.(interface {
+		Backup(ctx context.Context, w io.Writer) (int64, error)
+	})
+	if !ok {
+		writeError(w, http.StatusNotFound, errors.New("this csid cannot write a backup"))
+		return
+	}
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(backupTimeout))
+	w.Header().Set("Content-Type", "application/octet-stream")
+	sw := &startedWriter{w: w}
+	n, err := b.Backup(r.Context(), sw)
+	switch {
+	case err != nil && !sw.started:
+		writeError(w, http.StatusInternalServerError, err)
+	case err != nil:
+		h.log.Error().Err(err).Int64("bytes", n).Msg("backup cut short")
+		panic(http.ErrAbortHandler) // the client sees the stream broken, not a short file
+	default:
+		h.log.Info().Int64("bytes", n).Msg("backup written")
+	}
+}
+
+// startedWriter records whether anything was written.
+type startedWriter struct {
+	w       io.Writer
+	started bool
+}
+
+func (s *startedWriter) Write(p []byte) (int, error) {
+	s.started = true
+	return s.w.Write(p)
 }
 
 // errorBody is the body of every error answer.

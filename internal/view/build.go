@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -85,6 +86,24 @@ func (s *StoreSource) Resizes(ctx context.Context) (ResizeList, error) {
 // Damaged lists the damaged records; see Source.
 func (s *StoreSource) Damaged(ctx context.Context) (DamageList, error) {
 	return read(ctx, s.r, ListDamaged)
+}
+
+// Backuper writes a consistent copy of a state file; a *store.Store is one.
+type Backuper interface {
+	Backup(w io.Writer) (int64, error)
+}
+
+// Backup writes a consistent copy of the state file to w (csid state
+// backup), when the source's reader is a Backuper.
+func (s *StoreSource) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	b, ok := s.r.(Backuper)
+	if !ok {
+		return 0, errors.New("this source cannot write a backup")
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return b.Backup(w)
 }
 
 // read builds a view in one read-only transaction of r, unless ctx has
