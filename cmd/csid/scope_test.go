@@ -232,6 +232,7 @@ func TestNodeAdoptsOnlyKubeletsMounts(t *testing.T) {
 				if err := os.Remove(app.StateFile(dir, driver.ModeNode)); err != nil {
 					t.Fatal(err)
 				}
+				nodeOpts.RebuildFromCloud = true // a lost node file is rebuilt only when asked
 			}
 			node = apptest.Start(t, nodeOpts)
 			n = apptest.Dial(t, node.Socket)

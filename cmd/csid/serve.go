@@ -91,6 +91,8 @@ one --mode node per node (see docs/deploy.md).`,
 	f.IntVar(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit)")
 	f.StringVar(&o.Zone, "zone", "", "the local backend's zone (default \"local\")")
 	f.IntVar(&o.Workers, "workers", 64, "operations whose effects run at once")
+	f.BoolVar(&o.RebuildFromCloud, "rebuild-from-cloud", false, "start on a new (missing or empty) state file although the cloud has csid's disks: "+
+		"a controller rebuilds its records from the disks' tags, a node from this host's mounts (without it, such a start is refused)")
 	f.StringVar(&o.MetricsAddress, "metrics-address", "", "serve /metrics, /readyz and /healthz on this address, e.g. :9090 (off when empty)")
 	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "bound of each shutdown step: stopping gRPC, then letting running operations finish")
 	f.DurationVar(&o.HostToolGrace, "host-tool-grace", app.DefaultHostToolGrace,

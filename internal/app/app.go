@@ -7,7 +7,6 @@
 package app
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
@@ -56,6 +56,11 @@ type Options struct {
 	// Deadlines bound each attempt of an op, by event (the engine's
 	// defaults for the events left out).
 	Deadlines ops.Deadlines
+	// RebuildFromCloud lets csid start on a new state file (missing or
+	// empty) although the cloud shows it held volumes: a controller
+	// rebuilds its records from its disks' tags, a node from this host's
+	// mounts. Without it, such a start is refused.
+	RebuildFromCloud bool
 	// StateWatchInterval is how often csid compares its open state file
 	// with the file at its path (default 1s; tests).
 	StateWatchInterval time.Duration
@@ -123,6 +128,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.HostToolGrace <= 0 {
 		o.HostToolGrace = DefaultHostToolGrace
 	}
+	if o.DriverName == "" {
+		o.DriverName = driver.DefaultName
+	}
 	if o.NodeID == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -160,6 +168,9 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("open the state file: %w", err)
 	}
 	defer st.Close()
+	if from := st.MigratedFrom(); from != 0 {
+		log.Warn().Int("from", from).Int("to", store.SchemaVersion).Str("state", st.Path()).Msg("state file migrated to this csid's schema")
+	}
 	stopAdmin, err := serveAdmin(o, st, log)
 	if err != nil {
 		return err
@@ -173,7 +184,7 @@ func Run(ctx context.Context, o Options) error {
 	execs := map[fsm.Event]ops.Executor{}
 	var ctrl *effects.Controller
 	if o.Mode != driver.ModeNode {
-		ctrl = &effects.Controller{Cloud: p.cloud}
+		ctrl = &effects.Controller{Cloud: p.cloud, DriverName: o.DriverName}
 		maps.Copy(execs, ctrl.Executors())
 	}
 	// The node side: the engine's node, its executors, and how it adopts
@@ -193,6 +204,12 @@ func Run(ctx context.Context, o Options) error {
 			adopt = node.Adopt
 		}
 		nodeID = o.NodeID
+	}
+	rec := reconcile.Reconciler{Store: st, Cloud: p.cloud, Host: p.host, Mounter: p.mounter, DriverName: o.DriverName,
+		Kubelet: kubelet.Layout{Root: o.KubeletRoot, Driver: o.DriverName}, Forget: o.Mode == driver.ModeNode,
+		Log: log.With().Str("component", "reconcile").Logger()}
+	if err := startOnNewFile(ctx, o, st, &rec, log); err != nil {
+		return err
 	}
 	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Confirm: effects.Confirmer(ctrl, node), Forget: o.Mode == driver.ModeNode,
 		Workers: o.Workers, Deadlines: o.Deadlines,
@@ -220,15 +237,6 @@ func Run(ctx context.Context, o Options) error {
 
 	// Identity answers from here on; Probe says ready once the records are
 	// reconciled with the cloud and the host, and ops are resumed.
-	rec := reconcile.Reconciler{Store: st, Cloud: p.cloud, Host: p.host, Mounter: p.mounter,
-		Kubelet: kubelet.Layout{Root: o.KubeletRoot, Driver: cmp.Or(o.DriverName, driver.DefaultName)}, Forget: o.Mode == driver.ModeNode,
-		Log: log.With().Str("component", "reconcile").Logger()}
-	if o.Mode != driver.ModeNode {
-		if _, err := rec.Controller(ctx); err != nil {
-			srv.Stop()
-			return fmt.Errorf("rebuild records from the cloud: %w", err)
-		}
-	}
 	if o.Mode != driver.ModeController {
 		if _, err := rec.Node(ctx); err != nil {
 			srv.Stop()
@@ -252,6 +260,72 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	return shutdown(log, srv, eng, p.mounter, o)
+}
+
+// heldShown bounds the disks a refusal to start names.
+const heldShown = 3
+
+// startOnNewFile decides what a new state file (missing or empty at start,
+// store.Created) means. Where the cloud shows this csid held volumes (its
+// disks; for a node, those attached to it), the file that recorded them
+// was lost or emptied: csid refuses to start, unless the operator asked
+// for a rebuild (o.RebuildFromCloud), which a controller does from the
+// disks' tags and a node from the host's mounts (Node reconciliation,
+// later in the start). A first start, with no such disk, goes on as
+// before. Either way the file is then confirmed as the state file.
+func startOnNewFile(ctx context.Context, o Options, st *store.Store, rec *reconcile.Reconciler, log zerolog.Logger) error {
+	if !st.Created() {
+		if o.RebuildFromCloud {
+			log.Warn().Str("state", st.Path()).Msg("--rebuild-from-cloud: the state file has records; nothing to rebuild (the flag applies to a new or empty state file)")
+		}
+		return nil
+	}
+	node := ""
+	if o.Mode == driver.ModeNode {
+		node = o.NodeID
+	}
+	max := heldShown
+	if o.RebuildFromCloud {
+		max = 0
+	}
+	held, err := rec.Held(ctx, node, max)
+	if err != nil {
+		return fmt.Errorf("the state file %s is new; look in the cloud for disks of csid (driver %s): %w", st.Path(), o.DriverName, err)
+	}
+	if len(held) > 0 && !o.RebuildFromCloud {
+		return newFileRefused(o, st.Path(), node, held)
+	}
+	if len(held) > 0 && o.Mode != driver.ModeNode {
+		if _, err := rec.Rebuild(ctx); err != nil {
+			return fmt.Errorf("rebuild records from the cloud: %w", err)
+		}
+	}
+	if err := st.Confirm(); err != nil {
+		return fmt.Errorf("confirm the new state file: %w", err)
+	}
+	if len(held) > 0 {
+		log.Warn().Int("disks", len(held)).Str("state", st.Path()).Msg("started on a new state file, rebuilt from the cloud and the host (--rebuild-from-cloud)")
+	}
+	return nil
+}
+
+// newFileRefused is the refusal to start on a new state file where the
+// cloud shows csid held volumes.
+func newFileRefused(o Options, path, node string, held []cloud.Disk) error {
+	var eg []string
+	for _, d := range held {
+		eg = append(eg, fmt.Sprintf("%s of volume %s", d.ID, d.Tags[effects.TagVolumeID]))
+	}
+	where, rebuild := "has disks csid made", "the controller rebuilds its records from the disks' tags (queued resizes included)"
+	if node != "" {
+		where, rebuild = "has disks of csid attached to node "+node, "the node rebuilds its records from this host's mounts, and picks up volumes attached but not staged at their next NodeStageVolume"
+	} else if o.Mode == driver.ModeAll {
+		rebuild += ", and the node from this host's mounts"
+	}
+	return fmt.Errorf("the state file %s is new (it was missing or empty), but the cloud %s (driver %s; %s): "+
+		"the state file that recorded them was lost or emptied, and csid does not start from nothing. "+
+		"Restore it from a backup (csid state backup); or start csid with --rebuild-from-cloud: %s, and op history and ops in flight are lost "+
+		"(docs/operations.md, \"Starting on a new state file\")", path, where, o.DriverName, strings.Join(eg, ", "), rebuild)
 }
 
 // shutdown stops in order: gRPC stops gracefully within ShutdownTimeout

@@ -41,19 +41,66 @@ func startSplit(t *testing.T, dir string) *split {
 	return s
 }
 
-func (s *split) startController(t *testing.T) {
+func (s *split) controllerOptions() app.Options {
+	return app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeController, Endpoint: "unix://" + s.dir + "/controller.sock", Log: zerolog.Nop()}
+}
+
+// nodeOptions are the node plugin's, confined to the kubelet directory in
+// the state dir as the manifests confine it to /var/lib/kubelet.
+func (s *split) nodeOptions() app.Options {
+	return app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1",
+		Endpoint: "unix://" + s.dir + "/node.sock", KubeletRoot: filepath.Join(s.dir, "kubelet"), Log: zerolog.Nop()}
+}
+
+func (s *split) startController(t *testing.T) { s.startControllerWith(t, s.controllerOptions()) }
+
+func (s *split) startControllerWith(t *testing.T, o app.Options) {
 	t.Helper()
-	s.controller = apptest.Start(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeController, Endpoint: "unix://" + s.dir + "/controller.sock", Log: zerolog.Nop()})
+	s.controller = apptest.Start(t, o)
 	s.c = apptest.Dial(t, s.controller.Socket)
 }
 
-// startNode starts the node plugin, confined to the kubelet directory in
-// the state dir as the manifests confine it to /var/lib/kubelet.
-func (s *split) startNode(t *testing.T) {
+func (s *split) startNode(t *testing.T) { s.startNodeWith(t, s.nodeOptions()) }
+
+func (s *split) startNodeWith(t *testing.T, o app.Options) {
 	t.Helper()
-	s.node = apptest.Start(t, app.Options{Cloud: "local", StateDir: s.dir, Mode: driver.ModeNode, NodeID: "node-1",
-		Endpoint: "unix://" + s.dir + "/node.sock", KubeletRoot: filepath.Join(s.dir, "kubelet"), Log: zerolog.Nop()})
+	s.node = apptest.Start(t, o)
 	s.n = apptest.Dial(t, s.node.Socket)
+}
+
+// refused runs csid with o and returns the error it stops with; the test
+// fails if it starts instead.
+func refused(t *testing.T, o app.Options) error {
+	t.Helper()
+	ready := make(chan struct{})
+	o.Ready = ready
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx, o) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("csid stopped without an error")
+		}
+		return err
+	case <-ready:
+		cancel()
+		<-done
+		t.Fatal("csid started")
+	}
+	return nil
+}
+
+// wantRefusedNewFile checks that csid refuses to start on a new state
+// file, naming it, the disk that shows it held volumes, and the way out.
+func wantRefusedNewFile(t *testing.T, err error, file, disk string) {
+	t.Helper()
+	for _, want := range []string{"the state file " + file + " is new", disk, "--rebuild-from-cloud", "Restore it from a backup"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
 }
 
 // useKubeletVolume creates a volume and uses it as kubelet would: staged
@@ -161,9 +208,11 @@ func listVolumes(t *testing.T, c apptest.Client) []*csi.ListVolumesResponse_Entr
 }
 
 // TestControllerRebuildsItsRecordsFromTheCloud: the controller's state file
-// is deleted (its pod moved to a node without it) and the controller
-// restarted; before it answers ready it has rebuilt every volume and every
-// attachment from the cloud, and the CO's calls go on as before.
+// is deleted (its pod moved to a node without it), or emptied, and the
+// controller restarted: it refuses to start on the new file, naming a disk
+// it made and the way out. Started with --rebuild-from-cloud, before it
+// answers ready it has rebuilt every volume and every attachment from the
+// cloud, and the CO's calls go on as before.
 func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := apptest.ShortTempDir(t)
@@ -183,10 +232,20 @@ func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 	inspectBefore := inspectVolumes(t, dir)
 
 	s.controller.Stop(t)
-	if err := os.Remove(app.StateFile(dir, driver.ModeController)); err != nil {
+	file := app.StateFile(dir, driver.ModeController)
+	if err := os.Remove(file); err != nil {
 		t.Fatal(err)
 	}
-	s.startController(t)
+	wantRefusedNewFile(t, refused(t, s.controllerOptions()), file, "of volume vol-")
+	// The refused start leaves the file it made new: refused again.
+	wantRefusedNewFile(t, refused(t, s.controllerOptions()), file, "of volume vol-")
+	if err := os.Truncate(file, 0); err != nil { // an empty file, as a botched copy leaves
+		t.Fatal(err)
+	}
+	wantRefusedNewFile(t, refused(t, s.controllerOptions()), file, "of volume vol-")
+	o := s.controllerOptions()
+	o.RebuildFromCloud = true
+	s.startControllerWith(t, o)
 
 	after := listVolumes(t, s.c)
 	if len(after) != len(before) {
@@ -225,8 +284,10 @@ func TestControllerRebuildsItsRecordsFromTheCloud(t *testing.T) {
 
 // TestNodeReconcilesAfterLosingItsStateFile: with a volume staged and
 // published at two targets (kubelet's paths), the node's state file is
-// deleted and the node restarted; it adopts the mounts it finds, so stats
-// work, and NodeUnpublish/NodeUnstage still clean up.
+// deleted and the node restarted: it refuses the new file (the cloud has a
+// disk of csid attached to it). With --rebuild-from-cloud it adopts the
+// mounts it finds, so stats work, and NodeUnpublish/NodeUnstage still
+// clean up.
 func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 	testutil.RequireRoot(t)
 	dir := apptest.ShortTempDir(t)
@@ -238,10 +299,14 @@ func TestNodeReconcilesAfterLosingItsStateFile(t *testing.T) {
 	}
 
 	s.node.Stop(t)
-	if err := os.Remove(app.StateFile(dir, driver.ModeNode)); err != nil {
+	file := app.StateFile(dir, driver.ModeNode)
+	if err := os.Remove(file); err != nil {
 		t.Fatal(err)
 	}
-	s.startNode(t)
+	wantRefusedNewFile(t, refused(t, s.nodeOptions()), file, "attached to node node-1")
+	o := s.nodeOptions()
+	o.RebuildFromCloud = true
+	s.startNodeWith(t, o)
 
 	for _, p := range append([]string{stage}, targets...) {
 		st := apptest.R(s.n.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: p})).Must(t)

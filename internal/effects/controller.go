@@ -24,13 +24,25 @@ import (
 const PublishContextDiskID = "csid.dev/disk-id"
 
 // Tags csid stores with each disk, so that its records can be rebuilt from
-// the cloud (a controller whose state file was lost).
+// the cloud (a controller whose state file was lost). TagDriver names the
+// CSI driver (csid serve --driver-name) that made the disk, so that csids
+// of several driver names can share a cloud; disks made before the tag
+// existed have none.
 const (
 	TagVolumeID   = "csid.dev/volume-id"
 	TagName       = "csid.dev/name"
 	TagCapability = "csid.dev/capability"
 	TagParameters = "csid.dev/parameters"
+	TagDriver     = "csid.dev/driver"
 )
+
+// Made reports whether csid's driver named driver made disk d: it has
+// csid's volume-id tag, and a driver tag naming driver or none (a disk made
+// before the tag existed).
+func Made(d cloud.Disk, driver string) bool {
+	owner, tagged := d.Tags[TagDriver]
+	return d.Tags[TagVolumeID] != "" && (!tagged || owner == driver)
+}
 
 // checkpoint key of the cloud operation an executor waits on.
 const cpCloudOp = "cloud-op"
@@ -38,12 +50,14 @@ const cpCloudOp = "cloud-op"
 // Controller runs the controller's events against a cloud.
 type Controller struct {
 	Cloud cloud.Cloud
+	// DriverName is written in TagDriver of the disks it creates.
+	DriverName string
 }
 
 // Executors returns the controller's executors by event.
 func (c *Controller) Executors() map[fsm.Event]ops.Executor {
 	return kinded(map[fsm.Event]ops.Executor{
-		fsm.Create:              createExec{c.Cloud},
+		fsm.Create:              createExec{c.Cloud, c.DriverName},
 		fsm.Delete:              deleteExec{c.Cloud},
 		fsm.ControllerPublish:   publishExec{c.Cloud},
 		fsm.ControllerUnpublish: unpublishExec{c.Cloud},
@@ -77,7 +91,10 @@ func startOrResume(ctx context.Context, x *ops.Exec, c cloud.Cloud, start func()
 	return c.WaitOperation(ctx, op.ID)
 }
 
-type createExec struct{ c cloud.Cloud }
+type createExec struct {
+	c      cloud.Cloud
+	driver string
+}
 
 func (e createExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
 	a, err := ops.DecodeArgs[ops.CreateArgs](x.Op)
@@ -88,7 +105,7 @@ func (e createExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error
 	if err != nil {
 		return ops.Result{}, err
 	}
-	spec, err := diskSpec(x.Op.VolumeID, zone, a)
+	spec, err := diskSpec(x.Op.VolumeID, zone, e.driver, a)
 	if err != nil {
 		return ops.Result{}, err
 	}
@@ -168,7 +185,7 @@ func pickZone(c cloud.Cloud, wanted []string) (string, error) {
 	return "", ops.Errorf(ops.Exhausted, "cannot create a disk in any of the requested zones %v; this backend has %v", wanted, have)
 }
 
-func diskSpec(volumeID, zone string, a *ops.CreateArgs) (cloud.DiskSpec, error) {
+func diskSpec(volumeID, zone, driver string, a *ops.CreateArgs) (cloud.DiskSpec, error) {
 	capJSON, err := json.Marshal(a.Capability)
 	if err != nil {
 		return cloud.DiskSpec{}, err
@@ -177,9 +194,11 @@ func diskSpec(volumeID, zone string, a *ops.CreateArgs) (cloud.DiskSpec, error) 
 	if err != nil {
 		return cloud.DiskSpec{}, err
 	}
-	return cloud.DiskSpec{Name: volumeID, SizeBytes: a.SizeBytes, Zone: zone, Tags: map[string]string{
-		TagVolumeID: volumeID, TagName: a.Name, TagCapability: string(capJSON), TagParameters: string(params),
-	}}, nil
+	tags := map[string]string{TagVolumeID: volumeID, TagName: a.Name, TagCapability: string(capJSON), TagParameters: string(params)}
+	if driver != "" {
+		tags[TagDriver] = driver
+	}
+	return cloud.DiskSpec{Name: volumeID, SizeBytes: a.SizeBytes, Zone: zone, Tags: tags}, nil
 }
 
 type deleteExec struct{ c cloud.Cloud }

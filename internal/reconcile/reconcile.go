@@ -1,10 +1,14 @@
 // Package reconcile brings csid's records in line with reality at start-up,
 // before the driver answers ready:
 //
-//   - Controller: a state file with no volumes at all (the controller pod
-//     moved to a node without its old file) is rebuilt from the cloud: every
-//     disk csid created carries its volume id, name, capability and
-//     parameters as tags, and the cloud says where it is attached.
+//   - Held: whether a new state file (missing or empty at start) replaces
+//     one that was lost: the cloud still has disks this csid made (for a
+//     node, disks attached to it). The caller refuses to start unless the
+//     operator asked for a rebuild.
+//   - Rebuild: a controller's state file with no records at all is rebuilt
+//     from the cloud, when the operator asks: every disk csid created
+//     carries its volume id, name, capability, parameters and driver name
+//     as tags, and the cloud says where it is attached.
 //   - Node: the host's mounts are the truth about what is staged and
 //     published. A record whose mounts are gone (the node rebooted) is
 //     rolled back, so that kubelet's next NodeStageVolume mounts again
@@ -56,8 +60,11 @@ type Reconciler struct {
 	// Node forgets the volumes it finds nothing of on this host (see
 	// ops.Forget).
 	Forget bool
-	Log    zerolog.Logger
-	Now    func() time.Time
+	// DriverName is this csid's CSI driver name: disks tagged with
+	// another are another csid's, and never counted or rebuilt here.
+	DriverName string
+	Log        zerolog.Logger
+	Now        func() time.Time
 }
 
 func (r *Reconciler) now() time.Time {
@@ -67,9 +74,43 @@ func (r *Reconciler) now() time.Time {
 	return time.Now()
 }
 
-// Controller rebuilds the volume records from the cloud when the store has
-// never held any (no volume, no op). It returns how many it rebuilt.
-func (r *Reconciler) Controller(ctx context.Context) (int, error) {
+// Held returns the disks of this csid in the cloud (those attached to node,
+// when node is not ""), up to max (0: all): evidence that this csid held
+// volumes before.
+func (r *Reconciler) Held(ctx context.Context, node string, max int) ([]cloud.Disk, error) {
+	var out []cloud.Disk
+	err := r.eachDisk(ctx, func(d cloud.Disk) bool {
+		if effects.Made(d, r.DriverName) && (node == "" || d.AttachedTo == node) {
+			out = append(out, d)
+		}
+		return max == 0 || len(out) < max
+	})
+	return out, err
+}
+
+// eachDisk pages through the cloud's disks until fn returns false.
+func (r *Reconciler) eachDisk(ctx context.Context, fn func(cloud.Disk) bool) error {
+	token := ""
+	for {
+		page, err := r.Cloud.ListDisks(ctx, cloud.ListOptions{PageToken: token, MaxResults: 500})
+		if err != nil {
+			return fmt.Errorf("list the cloud's disks: %w", err)
+		}
+		for _, d := range page.Disks {
+			if !fn(d) {
+				return nil
+			}
+		}
+		if token = page.NextToken; token == "" {
+			return nil
+		}
+	}
+}
+
+// Rebuild rebuilds the volume records from this csid's disks in the cloud,
+// when the store holds no record at all (no volume, no op); a store with
+// records is left alone. It returns how many it rebuilt.
+func (r *Reconciler) Rebuild(ctx context.Context) (int, error) {
 	empty := true
 	err := r.Store.View(func(tx *store.Tx) error {
 		if tx.CountVolumes() > 0 {
@@ -82,25 +123,20 @@ func (r *Reconciler) Controller(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	var vols []*store.Volume
-	token := ""
-	for {
-		page, err := r.Cloud.ListDisks(ctx, cloud.ListOptions{PageToken: token, MaxResults: 500})
+	err = r.eachDisk(ctx, func(d cloud.Disk) bool {
+		if !effects.Made(d, r.DriverName) {
+			return true
+		}
+		v, err := fromDisk(d)
 		if err != nil {
-			return 0, fmt.Errorf("list the cloud's disks: %w", err)
+			r.Log.Warn().Str("disk", d.ID).Err(err).Msg("disk not rebuilt")
+			return true
 		}
-		for _, d := range page.Disks {
-			v, err := fromDisk(d)
-			if err != nil {
-				r.Log.Warn().Str("disk", d.ID).Err(err).Msg("disk not rebuilt")
-				continue
-			}
-			if v != nil {
-				vols = append(vols, v)
-			}
-		}
-		if token = page.NextToken; token == "" {
-			break
-		}
+		vols = append(vols, v)
+		return true
+	})
+	if err != nil {
+		return 0, err
 	}
 	now := r.now()
 	err = r.Store.Update(func(tx *store.Tx) error {
@@ -119,9 +155,7 @@ func (r *Reconciler) Controller(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if len(vols) > 0 {
-		r.Log.Warn().Int("volumes", len(vols)).Msg("the state file was empty: volume records rebuilt from the cloud")
-	}
+	r.Log.Warn().Int("volumes", len(vols)).Msg("volume records rebuilt from the cloud (--rebuild-from-cloud)")
 	return len(vols), nil
 }
 
@@ -269,7 +303,7 @@ func (r *Reconciler) adoptions(ctx context.Context, mounts []mounter.MountPoint,
 			continue // no mount to explain: no need to ask the cloud
 		}
 		d, err := r.Cloud.GetDisk(ctx, diskID)
-		if err != nil || d.AttachedTo != node || d.Tags[effects.TagVolumeID] == "" {
+		if err != nil || d.AttachedTo != node || !effects.Made(d, r.DriverName) {
 			continue // not ours to explain here: `csid check` reports strays
 		}
 		v := byID[d.Tags[effects.TagVolumeID]]

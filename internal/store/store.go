@@ -45,7 +45,10 @@ var (
 	bucketHistory = []byte("history")
 	allBuckets    = [][]byte{bucketMeta, bucketVolumes, bucketNames, bucketOps, bucketActive, bucketResize, bucketHistory}
 	keySchema     = []byte("schema")
-	keyPruned     = []byte("pruned")
+	// keyNew marks a file Open started (from nothing, or from an empty
+	// file) until the caller confirms it (Confirm).
+	keyNew    = []byte("new")
+	keyPruned = []byte("pruned")
 )
 
 // Errors.
@@ -183,8 +186,12 @@ func Open(path string, opts Options) (*Store, error) {
 					return err
 				}
 			}
+			if err := tx.Bucket(bucketMeta).Put(keyNew, u64(1)); err != nil {
+				return err
+			}
 			return tx.Bucket(bucketMeta).Put(keySchema, u64(SchemaVersion))
 		}
+		created = created || meta.Get(keyNew) != nil
 		for _, b := range allBuckets {
 			if tx.Bucket(b) == nil {
 				return fmt.Errorf("state file %s lacks bucket %q: %w", path, b, ErrCorrupt)
@@ -213,9 +220,21 @@ func Open(path string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Created reports whether Open found no file at its path, or an empty one,
-// and so started a new one.
+// Created reports whether the file is new: Open found no file at its path,
+// or an empty one, and started it; or an earlier Open did and nobody
+// confirmed it since (Confirm). A csid that finds it has held volumes
+// refuses a new file: it replaces one that was lost.
 func (s *Store) Created() bool { return s.created }
+
+// Confirm records that the new file is the state file from now on: later
+// opens no longer report it Created.
+func (s *Store) Confirm() error {
+	err := s.Update(func(tx *Tx) error { return tx.tx.Bucket(bucketMeta).Delete(keyNew) })
+	if err == nil {
+		s.created = false
+	}
+	return err
+}
 
 // OpenReadOnly opens an existing state file for inspection. It never creates
 // or modifies the file. A file held by a running csid is an ErrLocked error
