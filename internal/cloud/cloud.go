@@ -30,6 +30,7 @@ package cloud
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -96,6 +97,7 @@ const (
 	OpAttach OpKind = "attach"
 	OpDetach OpKind = "detach"
 	OpResize OpKind = "resize"
+	OpTag    OpKind = "tag"
 )
 
 // Operation is a long-running provider operation.
@@ -167,6 +169,12 @@ type Cloud interface {
 	// fails with ErrAttached (offline-only provider); a size that is not
 	// positive, or beyond the provider's maximum, is ErrInvalid.
 	ResizeDisk(ctx context.Context, diskID string, sizeBytes int64) (Operation, error)
+	// UpdateDiskTags starts setting tags on a disk: each tag is set to its
+	// value, a tag whose value is empty is removed, and the disk's other
+	// tags are kept. It works on a disk attached or not. Repeating it is
+	// success (a disk whose tags are already so completes at once). An
+	// unknown disk is ErrNotFound; an empty tag name, ErrInvalid.
+	UpdateDiskTags(ctx context.Context, diskID string, tags map[string]string) (Operation, error)
 	// WaitOperation blocks until the operation has finished (or ctx ends,
 	// then ctx's error) and returns the disk as the operation left it, or the
 	// typed error it failed with. For a finished delete it returns the zero
@@ -260,4 +268,33 @@ type Registrar interface {
 	// when it is already known (a repeat call with the same node is a
 	// no-op). A zone the provider does not have is ErrInvalid.
 	RegisterNode(ctx context.Context, node Node) error
+}
+
+// MergeTags returns have with tags applied as UpdateDiskTags says (a
+// value sets its tag, an empty value removes it), and whether that
+// changes anything. have is not modified. An empty tag name is ErrInvalid.
+func MergeTags(have, tags map[string]string) (map[string]string, bool, error) {
+	out := make(map[string]string, len(have)+len(tags))
+	for k, v := range have {
+		out[k] = v
+	}
+	changed := false
+	for k, v := range tags {
+		if k == "" {
+			return nil, false, fmt.Errorf("a tag with an empty name: %w", ErrInvalid)
+		}
+		old, ok := out[k]
+		switch {
+		case v == "" && ok:
+			delete(out, k)
+			changed = true
+		case v != "" && (!ok || old != v):
+			out[k] = v
+			changed = true
+		}
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, changed, nil
 }

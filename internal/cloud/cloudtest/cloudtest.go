@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -60,6 +61,7 @@ func Run(t *testing.T, newProvider func(t *testing.T) Provider) {
 		{"AttachAndDetachAreIdempotent", testAttachDetachIdempotent},
 		{"SecondNodeAttachIsRefused", testSecondNode},
 		{"ResizeOnlyWhileDetached", testResizeOffline},
+		{"TagsUpdateIdempotently", testUpdateTags},
 		{"ListPages", testListPaging},
 		{"OperationResumesByID", testOperationResume},
 		{"DoneOperationsAreVisibleAtOnce", testDoneVisible},
@@ -405,6 +407,53 @@ func testResizeOffline(t *testing.T, h *harness) {
 	if got := h.do(h.c.AttachDisk(ctx(t), d.ID, "node-a")); got.SizeBytes != 2*gib {
 		t.Fatalf("attach after resize: %+v", got)
 	}
+}
+
+func testUpdateTags(t *testing.T, h *harness) {
+	h.addNode(cloud.Node{ID: "node-a"})
+	created := h.do(h.c.CreateDisk(ctx(t), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib, Tags: map[string]string{"keep": "1", "change": "a"}}))
+	id := created.ID
+	want := map[string]string{"keep": "1", "change": "b", "added": "x"}
+	// Set, change and add; the operation leaves the disk so, and so do its
+	// repeats (the same operation again, or a new call).
+	update := map[string]string{"change": "b", "added": "x"}
+	for i := range 3 {
+		got := h.do(h.c.UpdateDiskTags(ctx(t), id, update))
+		if !maps.Equal(got.Tags, want) {
+			t.Fatalf("update %d left tags %v, want %v", i, got.Tags, want)
+		}
+	}
+	if got := h.get(id); !maps.Equal(got.Tags, want) || got.SizeBytes != gib {
+		t.Fatalf("GetDisk after the update: %+v", got)
+	}
+	// An empty value removes a tag (also one that is not there); an
+	// attached disk is tagged too.
+	h.do(h.c.AttachDisk(ctx(t), id, "node-a"))
+	got := h.do(h.c.UpdateDiskTags(ctx(t), id, map[string]string{"added": "", "never": ""}))
+	delete(want, "added")
+	if !maps.Equal(got.Tags, want) || got.AttachedTo != "node-a" {
+		t.Fatalf("removing a tag of an attached disk left %+v", got)
+	}
+	if list := h.listAll(0); len(list) != 1 {
+		t.Fatalf("list after tagging: %v", list)
+	}
+	page, err := h.c.ListDisks(ctx(t), cloud.ListOptions{})
+	if err != nil || len(page.Disks) != 1 || !maps.Equal(page.Disks[0].Tags, want) {
+		t.Fatalf("ListDisks after tagging: %+v, %v", page, err)
+	}
+	// The tags survive a restart of the client.
+	if h.p.Reopen != nil {
+		h.c = h.p.Reopen(t)
+		if got := h.get(id); !maps.Equal(got.Tags, want) {
+			t.Fatalf("tags after a restart: %v, want %v", got.Tags, want)
+		}
+	}
+	op, err := h.c.UpdateDiskTags(ctx(t), id, map[string]string{"": "x"})
+	h.refused("an empty tag name", op, err, cloud.ErrInvalid)
+	op, err = h.c.UpdateDiskTags(ctx(t), "disk-0000000000000bad", map[string]string{"a": "b"})
+	h.refused("tags of an unknown disk", op, err, cloud.ErrNotFound)
+	op, err = h.c.UpdateDiskTags(ctx(t), "../etc/passwd", map[string]string{"a": "b"})
+	h.refused("tags of a malformed disk id", op, err, cloud.ErrInvalid)
 }
 
 func testListPaging(t *testing.T, h *harness) {

@@ -569,6 +569,50 @@ func (c *Cloud) ResizeDisk(_ context.Context, diskID string, sizeBytes int64) (c
 	return c.start(call, d, o)
 }
 
+// UpdateDiskTags sets and removes tags of a disk; see cloud.Cloud. Like
+// every operation it takes the latency, holds and failures set for its
+// kind (cloud.OpTag).
+func (c *Cloud) UpdateDiskTags(_ context.Context, diskID string, tags map[string]string) (cloud.Operation, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	call := c.begin("UpdateDiskTags", cloud.OpTag, diskID, "")
+	if err := take(c.failCalls, cloud.OpTag); err != nil {
+		return cloud.Operation{}, c.refuse(call, err)
+	}
+	if !diskIDPattern.MatchString(diskID) {
+		return cloud.Operation{}, c.refuse(call, invalidDiskID(diskID))
+	}
+	d, ok := c.disks[diskID]
+	if !ok || !d.created {
+		return cloud.Operation{}, c.refuse(call, fmt.Errorf("disk %s: %w", diskID, cloud.ErrNotFound))
+	}
+	_, changed, err := cloud.MergeTags(d.d.Tags, tags)
+	if err != nil {
+		return cloud.Operation{}, c.refuse(call, err)
+	}
+	var key strings.Builder
+	key.WriteString("tag|" + diskID)
+	for _, k := range slices.Sorted(maps.Keys(tags)) {
+		fmt.Fprintf(&key, "|%q=%q", k, tags[k])
+	}
+	if d.pending != nil {
+		if d.pending.key == key.String() {
+			return c.join(call, d.pending)
+		}
+		return cloud.Operation{}, c.refuse(call, busy(d))
+	}
+	if !changed {
+		return c.finishedOp(call, cloud.OpTag, diskID, "", d.d)
+	}
+	o := c.newOp(cloud.OpTag, diskID, "", key.String())
+	o.apply = func() cloud.Disk {
+		// Applied to the tags the disk has when the operation completes.
+		d.d.Tags, _, _ = cloud.MergeTags(d.d.Tags, tags)
+		return d.d
+	}
+	return c.start(call, d, o)
+}
+
 func (c *Cloud) newOp(kind cloud.OpKind, diskID, nodeID, key string) *operation {
 	c.opSeq++
 	return &operation{

@@ -606,6 +606,43 @@ func (c *Cloud) ResizeDisk(ctx context.Context, diskIDStr string, sizeBytes int6
 	return op, err
 }
 
+// UpdateDiskTags sets and removes tags of a disk; see cloud.Cloud. The
+// disk's record is rewritten crash-safely; a disk whose tags are already
+// so is not written.
+func (c *Cloud) UpdateDiskTags(ctx context.Context, diskIDStr string, tags map[string]string) (cloud.Operation, error) {
+	id, ok := parseDiskID(diskIDStr)
+	if !ok {
+		return cloud.Operation{}, invalidDiskID(diskIDStr)
+	}
+	if _, _, err := cloud.MergeTags(nil, tags); err != nil {
+		return cloud.Operation{}, err
+	}
+	var op cloud.Operation
+	err := c.locked(ctx, func() error {
+		started := c.opts.now()
+		d, err := c.s.readDisk(id)
+		if err != nil {
+			if errors.Is(err, cloud.ErrNotFound) {
+				return err
+			}
+			return ioFailure("read disk", err)
+		}
+		merged, changed, err := cloud.MergeTags(d.Tags, tags)
+		if err != nil {
+			return err
+		}
+		if changed {
+			d.Tags = merged
+			if err := c.s.writeDisk(d); err != nil {
+				return c.recordedFailure(&op, cloud.OpTag, id, "", started, ioFailure("write disk record", err))
+			}
+		}
+		op, err = c.record(cloud.OpTag, id, "", started, &d, nil)
+		return err
+	})
+	return op, err
+}
+
 // growImage extends an image to size bytes (never shrinks it) and fsyncs it.
 func growImage(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
