@@ -217,11 +217,13 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 		t.Errorf("csid_rpc_duration_seconds counts by method:\n got %v\nwant %v", got, byMethod)
 	}
 	// Ops: one per transition, the failed attach as failed, the retried
-	// attach as one retry; durations counted once per finished op.
+	// attach as one retry; durations counted once per finished op. The
+	// deferred expansion is two expand ops: the expand [deferred] that
+	// records the queued target on the disk, then the resize.
 	wantOps := map[fsm.Event][2]float64{ // succeeded, failed
 		fsm.Create: {1, 0}, fsm.ControllerPublish: {1, 1}, fsm.NodeStage: {1, 0}, fsm.NodePublish: {1, 0},
 		fsm.NodeUnpublish: {1, 0}, fsm.NodeUnstage: {1, 0}, fsm.ControllerUnpublish: {1, 0},
-		fsm.Expand: {1, 0}, fsm.Delete: {1, 0}, fsm.NodeExpand: {0, 0},
+		fsm.Expand: {2, 0}, fsm.Delete: {1, 0}, fsm.NodeExpand: {0, 0},
 	}
 	durations := m.counts("csid_op_duration_seconds", false, "event")
 	for _, e := range fsm.OpEvents {

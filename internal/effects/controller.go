@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/crash"
@@ -34,6 +35,9 @@ const (
 	TagCapability = "csid.dev/capability"
 	TagParameters = "csid.dev/parameters"
 	TagDriver     = "csid.dev/driver"
+	// TagResizeTo holds the target size (bytes, decimal) of a resize
+	// queued for the disk's detach; it is cleared once the disk is grown.
+	TagResizeTo = "csid.dev/resize-to"
 )
 
 // Made reports whether csid's driver named driver made disk d: it has
@@ -287,11 +291,20 @@ func (unpublishExec) Compensate(context.Context, *ops.Exec) error { return nil }
 
 type expandExec struct{ c cloud.Cloud }
 
-// Execute grows the disk. It answers only once the cloud reports the new
-// size: after that, a failure cannot be reported any more.
+// Execute grows the disk, then clears the disk's resize-to tag if the size
+// reached covers it. It answers only once the cloud reports the new size:
+// after that, a failure cannot be reported any more. An expand [deferred]
+// (a resize queued for the detach) grows nothing: it records the target in
+// the disk's resize-to tag, where a rebuild of the records finds it.
 func (e expandExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error) {
 	a, err := ops.DecodeArgs[ops.ExpandArgs](x.Op)
 	if err != nil {
+		return ops.Result{}, err
+	}
+	if x.Op.Guard == fsm.Deferred {
+		_, err := startOrResume(ctx, x, e.c, func() (cloud.Operation, error) {
+			return e.c.UpdateDiskTags(ctx, x.Volume.DiskID, map[string]string{TagResizeTo: strconv.FormatInt(a.RequiredBytes, 10)})
+		})
 		return ops.Result{}, err
 	}
 	d, err := startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.ResizeDisk(ctx, x.Volume.DiskID, a.RequiredBytes) })
@@ -307,7 +320,38 @@ func (e expandExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error
 	if d.SizeBytes < a.RequiredBytes {
 		return ops.Result{}, fmt.Errorf("the cloud reports disk %s at %d bytes after a resize to %d", d.ID, d.SizeBytes, a.RequiredBytes)
 	}
+	if ResizeTagReached(d) {
+		// Not checkpointed: clearing a tag again is harmless.
+		op, err := e.c.UpdateDiskTags(ctx, d.ID, map[string]string{TagResizeTo: ""})
+		if err == nil {
+			_, err = e.c.WaitOperation(ctx, op.ID)
+		}
+		if err != nil {
+			return ops.Result{}, fmt.Errorf("clear the resize-to tag of disk %s, grown to %d bytes: %w", d.ID, d.SizeBytes, err)
+		}
+	}
 	return ops.Result{CapacityBytes: d.SizeBytes}, nil
 }
 
 func (expandExec) Compensate(context.Context, *ops.Exec) error { return nil }
+
+// ResizeTagReached reports whether disk d has a resize-to tag that its size
+// covers (or one that does not parse, which nothing can act on).
+func ResizeTagReached(d cloud.Disk) bool {
+	raw, ok := d.Tags[TagResizeTo]
+	if !ok {
+		return false
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	return err != nil || n <= d.SizeBytes
+}
+
+// ResizeTag returns the target of the resize queued on disk d by its tag,
+// or 0 when none is (or the tag does not parse).
+func ResizeTag(d cloud.Disk) int64 {
+	n, err := strconv.ParseInt(d.Tags[TagResizeTo], 10, 64)
+	if err != nil || n <= d.SizeBytes {
+		return 0
+	}
+	return n
+}

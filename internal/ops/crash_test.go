@@ -123,10 +123,12 @@ func (l *ledgerExec) Execute(ctx context.Context, x *Exec) (Result, error) {
 		err = l.remove("target-" + id + "-" + pathKey(a.TargetPath))
 	case fsm.Expand:
 		a, _ := DecodeArgs[ExpandArgs](op)
-		if _, statErr := os.Stat(l.res("attach-" + id)); statErr == nil {
+		if op.Guard == fsm.Deferred { // the queued target, recorded on the disk
+			err = l.ensure("resize-to-"+id, strconv.FormatInt(a.RequiredBytes, 10), true)
+		} else if _, statErr := os.Stat(l.res("attach-" + id)); statErr == nil {
 			err = l.logLine("violations", fmt.Sprintf("resize of %s while attached", id))
-		} else {
-			err = l.ensure("disk-"+id, strconv.FormatInt(a.RequiredBytes, 10), true)
+		} else if err = l.ensure("disk-"+id, strconv.FormatInt(a.RequiredBytes, 10), true); err == nil {
+			err = l.remove("resize-to-" + id) // the grown disk's tag is cleared
 		}
 	}
 	if err != nil {
@@ -304,8 +306,8 @@ func checkCrashOutcome(t *testing.T, dir, point string, beforeCrash []string) {
 		}
 		var ops []*store.Op
 		_ = tx.ForEachOp(func(op *store.Op) bool { ops = append(ops, op); return true })
-		if len(ops) != 13 {
-			t.Errorf("%d ops stored, want 13", len(ops))
+		if len(ops) != 14 { // 13 steps, and the op recording the queued resize on the disk
+			t.Errorf("%d ops stored, want 14", len(ops))
 		}
 		for _, op := range ops {
 			if op.Status != store.OpSucceeded {

@@ -77,8 +77,15 @@ func (x *fakeExec) compensations(e fsm.Event) int {
 	return x.comps[e]
 }
 
+// deferredExpand is how fakeExec counts an expand [deferred] (the op that
+// records a queued target on the disk), apart from the resizes.
+const deferredExpand fsm.Event = "expand [deferred]"
+
 func (x *fakeExec) Execute(ctx context.Context, ex *Exec) (Result, error) {
 	id, ev := ex.Op.VolumeID, ex.Op.Event
+	if ex.Op.Guard == fsm.Deferred {
+		ev = deferredExpand // a queued target recorded on the disk: not a resize
+	}
 	x.mu.Lock()
 	x.calls[ev]++
 	x.order = append(x.order, string(ev)+" "+id)
@@ -133,7 +140,7 @@ func fakeResult(ex *Exec) (Result, error) {
 		return Result{Device: "/dev/fake/" + ex.Op.VolumeID}, nil
 	case fsm.Expand:
 		a, err := DecodeArgs[ExpandArgs](ex.Op)
-		if err != nil {
+		if err != nil || ex.Op.Guard == fsm.Deferred { // a queued target recorded: nothing grows
 			return Result{}, err
 		}
 		return Result{CapacityBytes: a.RequiredBytes}, nil

@@ -19,6 +19,11 @@ import (
 //   - of an attached or busy volume it is queued in the store, merged to
 //     the largest size asked, and answered with FailedPrecondition until
 //     the volume is detached; a size at or below the queue's joins it;
+//   - a target that rises on an idle volume is also recorded on the disk
+//     (its resize-to tag), by an expand [deferred] op accepted in the same
+//     transaction that queues it, before the answer: a rebuild of the
+//     records from the cloud (a lost state file) finds the resize there.
+//     The expand op that grows the disk clears the tag;
 //   - the commit of any op that leaves the volume detached and idle
 //     (succeeded, failed or compensated) starts the queued resize in the
 //     same transaction, and so does a publish that finds one due;
@@ -41,6 +46,12 @@ func (q deferredResize) request(v *store.Volume, a *ExpandArgs, active *store.Op
 	merged := mergeResize(r, v.ID, a.RequiredBytes, q.now)
 	raised := r == nil || merged.TargetBytes > r.TargetBytes
 
+	if active != nil && active.Event == fsm.Expand && active.Guard == fsm.Deferred {
+		// A queued target is being recorded on the disk: wait, and look
+		// again (ours may raise it further).
+		return decision{kind: waitThenReplan, seq: active.Seq,
+			why: fmt.Sprintf("volume %s: a queued resize is being recorded (operation %d); retry", v.ID, active.Seq)}, nil
+	}
 	if active != nil && active.Event == fsm.Expand {
 		// A resize is running. Ours joins it, or raises the target of the
 		// one that runs next; either way wait and look again.
@@ -57,7 +68,7 @@ func (q deferredResize) request(v *store.Volume, a *ExpandArgs, active *store.Op
 		return rejectf(Conflict, "volume %s is %s; it cannot be expanded now", v.ID, v.State)
 	}
 	if step.Deferred() || active != nil {
-		return q.defer_(v, merged, raised, active), nil
+		return q.defer_(v, merged, raised, active)
 	}
 	d, err := q.start(v, merged)
 	d.replan = true // answer once the grown size is recorded; a raised target may need another round
@@ -66,7 +77,12 @@ func (q deferredResize) request(v *store.Volume, a *ExpandArgs, active *store.Op
 
 // defer_ is the answer to an expand that has to wait for the detach: the
 // queue entry (when the target rose) and FailedPrecondition saying so.
-func (q deferredResize) defer_(v *store.Volume, merged *store.Resize, raised bool, active *store.Op) decision {
+// When the target rose on an idle volume, the answer waits for an expand
+// [deferred] op, accepted with the queue entry, that records the target
+// on the disk (then the request is planned again, and gets the answer).
+// A busy volume's entry is not recorded on the disk: its op in flight
+// starts the resize as soon as it leaves the volume detached.
+func (q deferredResize) defer_(v *store.Volume, merged *store.Resize, raised bool, active *store.Op) (decision, error) {
 	busy := fmt.Sprintf("is in use (%s on node %s)", v.State, v.Node())
 	if active != nil {
 		busy = fmt.Sprintf("has operation %d (%s) in progress", active.Seq, active.Event)
@@ -75,13 +91,24 @@ func (q deferredResize) defer_(v *store.Volume, merged *store.Resize, raised boo
 		"volume %s %s and this driver expands only detached volumes: a resize to %d bytes is queued "+
 			"and runs as soon as the volume is unpublished (ControllerUnpublishVolume)",
 		v.ID, busy, merged.TargetBytes)}
-	if raised {
-		merged.Status = store.ResizeQueued
-		d.resize = merged
-		d.note = &store.HistoryEntry{Time: q.now, Event: fsm.Expand, Guard: fsm.Deferred, From: v.State, To: v.State,
-			Generation: v.Generation, Outcome: fmt.Sprintf("queued resize to %d bytes", merged.TargetBytes)}
+	if !raised {
+		return d, nil
 	}
-	return d
+	merged.Status = store.ResizeQueued
+	note := &store.HistoryEntry{Time: q.now, Event: fsm.Expand, Guard: fsm.Deferred, From: v.State, To: v.State,
+		Generation: v.Generation, Outcome: fmt.Sprintf("queued resize to %d bytes", merged.TargetBytes)}
+	if active != nil || v.DiskID == "" {
+		d.resize, d.note = merged, note
+		return d, nil
+	}
+	raw, fp := encodeArgs(&ExpandArgs{RequiredBytes: merged.TargetBytes})
+	p := planner{tx: q.tx, now: q.now}
+	rec, err := p.acceptStep(v, fsm.Expand, fsm.Deferred, raw, fp)
+	if err != nil {
+		return decision{}, err
+	}
+	rec.resize, rec.note, rec.replan = merged, note, true
+	return rec, nil
 }
 
 // beforePublish is what a ControllerPublishVolume of the detached, idle
@@ -156,9 +183,9 @@ func (q deferredResize) afterCommit(v *store.Volume, finished *store.Op) (*store
 }
 
 // attempted records a failed attempt of a resize op on its queue entry,
-// for inspection.
+// for inspection (not of an op recording a queued target on the disk).
 func (q deferredResize) attempted(op *store.Op, next time.Time) error {
-	if op.Event != fsm.Expand {
+	if op.Event != fsm.Expand || op.Guard == fsm.Deferred {
 		return nil
 	}
 	r, err := q.tx.Resize(op.VolumeID)
@@ -174,7 +201,14 @@ func (q deferredResize) attempted(op *store.Op, next time.Time) error {
 // failed: after transient errors it stays queued and is tried again after
 // retryAfter; after a permanent error it is dropped (the CO's next
 // ControllerExpandVolume gets the error).
+//
+// An op that failed to record a queued target on the disk leaves the queue
+// as it is: the resize still runs at the detach (a rebuild would not know
+// of it).
 func (q deferredResize) failed(v *store.Volume, op *store.Op, transient bool, retryAfter time.Duration) error {
+	if op.Guard == fsm.Deferred {
+		return nil
+	}
 	r, err := q.tx.Resize(v.ID)
 	if err != nil || r == nil {
 		return err

@@ -442,7 +442,8 @@ func apply(v *store.Volume, op *store.Op, res Result, now time.Time) error {
 			v.Targets = nil
 		}
 	case fsm.Expand, fsm.NodeExpand:
-		if res.CapacityBytes > v.CapacityBytes {
+		// An expand [deferred] records a queued target; it grows nothing.
+		if op.Guard != fsm.Deferred && res.CapacityBytes > v.CapacityBytes {
 			v.CapacityBytes = res.CapacityBytes
 		}
 	}

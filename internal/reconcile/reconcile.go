@@ -123,6 +123,7 @@ func (r *Reconciler) Rebuild(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	var vols []*store.Volume
+	resizeTo := map[string]int64{} // volume id -> the target of its queued resize (the disk's tag)
 	err = r.eachDisk(ctx, func(d cloud.Disk) bool {
 		if !effects.Made(d, r.DriverName) {
 			return true
@@ -133,6 +134,9 @@ func (r *Reconciler) Rebuild(ctx context.Context) (int, error) {
 			return true
 		}
 		vols = append(vols, v)
+		if target := effects.ResizeTag(d); target > 0 {
+			resizeTo[v.ID] = target
+		}
 		return true
 	})
 	if err != nil {
@@ -149,13 +153,24 @@ func (r *Reconciler) Rebuild(ctx context.Context) (int, error) {
 			if err := tx.Reconcile(v, fsm.Rebuild, guard, outcome, now); err != nil {
 				return err
 			}
+			if target := resizeTo[v.ID]; target > 0 {
+				// The resize queued for the detach, as the disk's tag keeps
+				// it: it runs when the volume is detached, as before.
+				if err := tx.PutResize(&store.Resize{VolumeID: v.ID, TargetBytes: target, Status: store.ResizeQueued, QueuedAt: now, UpdatedAt: now}); err != nil {
+					return err
+				}
+				if err := tx.AddNote(v.ID, store.HistoryEntry{Time: now, Event: fsm.Expand, Guard: fsm.Deferred, From: v.State, To: v.State,
+					Generation: v.Generation, Outcome: fmt.Sprintf("queued resize to %d bytes, rebuilt from the disk's %s tag", target, effects.TagResizeTo)}); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return 0, err
 	}
-	r.Log.Warn().Int("volumes", len(vols)).Msg("volume records rebuilt from the cloud (--rebuild-from-cloud)")
+	r.Log.Warn().Int("volumes", len(vols)).Int("resizes", len(resizeTo)).Msg("volume records rebuilt from the cloud (--rebuild-from-cloud)")
 	return len(vols), nil
 }
 
