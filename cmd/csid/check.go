@@ -31,7 +31,7 @@ for its driver name; --kubelet-root and --driver-name for a state file),
 and those of csid's devices and recorded paths. Mounts in another kubelet
 directory, or for another driver, are not csid's and are not compared.
 
-Findings: device-mismatch, disk-without-volume, volume-without-disk,
+Findings: record-damaged, device-mismatch, disk-without-volume, volume-without-disk,
 attachment-unknown, attachment-missing, loop-device-unaccounted,
 mount-unaccounted, mount-missing (docs/operations.md explains each). A volume with an op in
 flight, or whose record changed while csid check read, is left out and

@@ -45,7 +45,7 @@ func diskWithoutVolume(d cloud.Disk, owner string) Finding {
 		return f
 	}
 	f.Cause = fmt.Sprintf("csid created it for volume %s, which has no record: a CreateVolume that crashed after the disk was made and was never retried (the claim was deleted meanwhile), a failed create whose clean-up failed too, or a state file that was lost or restored from an older copy", owner)
-	f.Action = fmt.Sprintf("find out whether a PV names the volume: %s. If one does, its record was lost: keep the disk; restore the controller's state file from a backup (a controller that starts on an empty state file rebuilds every record from the cloud; one that has records does not). If none does, it is a leak: delete the disk with the cloud's own tools (for the local backend: with csid stopped, remove disks/%s.json, then disks/%s.img, in the state directory)", pvLookup(owner), d.ID, d.ID)
+	f.Action = fmt.Sprintf("find out whether a PV names the volume: %s. If one does, its record was lost: keep the disk; restore the controller's state file from a backup (a controller started on a new state file with --rebuild-from-cloud rebuilds every record from the cloud; one that has records does not). If none does, it is a leak: delete the disk with the cloud's own tools (for the local backend: with csid stopped, remove disks/%s.json, then disks/%s.img, in the state directory)", pvLookup(owner), d.ID, d.ID)
 	if d.AttachedTo != "" {
 		f.Action += "; detach it from " + d.AttachedTo + " first"
 	}
