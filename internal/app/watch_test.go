@@ -1,13 +1,11 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,29 +15,12 @@ import (
 	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/csid-dev/csid/internal/view"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-// syncBuffer is a log sink tests read while csid writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestStateFileChangedUnderARunningCsid deletes, replaces and truncates
 // the state file of a running csid. Within seconds Probe and /readyz say
@@ -77,7 +58,7 @@ func TestStateFileChangedUnderARunningCsid(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var logs syncBuffer
+			var logs testutil.Buffer
 			in := apptest.Start(t, app.Options{Cloud: "fake", Fake: fake.New(fake.Options{Zones: []string{"fake"}}),
 				MetricsListener: lis, StateWatchInterval: 20 * time.Millisecond, Log: zerolog.New(&logs)})
 			cl, base := apptest.Dial(t, in.Socket), "http://"+lis.Addr().String()

@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -21,19 +20,12 @@ func (s *Store) Backup(w io.Writer) (n int64, err error) {
 	if err := s.fileCut(); err != nil {
 		return 0, err
 	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if !isFault(r) {
-				panic(r)
-			}
-			err = s.faulted(r)
-		}
-	}()
-	err = s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		n, err = tx.WriteTo(w)
-		return err
+	err = s.faultsAsErrors(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			var err error
+			n, err = tx.WriteTo(w)
+			return err
+		})
 	})
 	return n, err
 }

@@ -176,17 +176,8 @@ func (s *Store) commit(batch []*call) {
 
 // update is db.Update that survives a fault reading the mapped file (the
 // file cut short under csid): it is the transaction's error.
-func (s *Store) update(fn func(*bolt.Tx) error) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if !isFault(r) {
-				panic(r)
-			}
-			err = s.faulted(r)
-		}
-	}()
-	return s.db.Update(fn)
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	return s.faultsAsErrors(func() error { return s.db.Update(fn) })
 }
 
 // runCall runs one caller's fn, turning a panic into its error.

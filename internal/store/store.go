@@ -413,10 +413,19 @@ func (s *Store) Path() string { return s.path }
 // (its pages past the cut would fault): View returns the watch's finding.
 // A fault while reading (the file cut before the watch saw it) is an error
 // too, not a crash.
-func (s *Store) View(fn func(tx *Tx) error) (err error) {
+func (s *Store) View(fn func(tx *Tx) error) error {
 	if err := s.fileCut(); err != nil {
 		return err
 	}
+	return s.faultsAsErrors(func() error {
+		return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx, s: s}) })
+	})
+}
+
+// faultsAsErrors runs fn, which reads the mapped file, turning a memory
+// fault (a read past the end of a file cut short under csid) into an
+// error saying what happened; other panics go on.
+func (s *Store) faultsAsErrors(fn func() error) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
@@ -426,7 +435,7 @@ func (s *Store) View(fn func(tx *Tx) error) (err error) {
 			err = s.faulted(r)
 		}
 	}()
-	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx, s: s}) })
+	return fn()
 }
 
 // isFault reports whether a recovered panic is a memory fault (a read of
