@@ -30,7 +30,7 @@ func (t *Tx) Damaged() ([]*DamagedError, error) {
 	out = append(out, checkRaw(t, bucketNames, nil)...)
 	c = t.tx.Bucket(bucketActive).Cursor()
 	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		seq, err := t.activeOf(string(k))
+		seq, err := t.activeOfKey(k)
 		if d, ok := asDamaged(err); ok {
 			out = append(out, d)
 			continue

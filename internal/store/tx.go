@@ -111,22 +111,26 @@ func (t *Tx) Volume(id string) (*Volume, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v.ActiveOp, err = t.activeOf(id); err != nil {
+	if v.ActiveOp, err = t.activeOfKey(key); err != nil {
 		return nil, err
 	}
 	return v, nil
 }
 
 // activeOf returns the op active on a volume, 0 if none.
-func (t *Tx) activeOf(id string) (uint64, error) {
-	raw, err := t.getRaw(bucketActive, []byte(id))
+func (t *Tx) activeOf(id string) (uint64, error) { return t.activeOfKey([]byte(id)) }
+
+// activeOfKey is activeOf of the volume id key (the key escapes into the
+// checksum: a caller that has it as bytes saves a copy).
+func (t *Tx) activeOfKey(key []byte) (uint64, error) {
+	raw, err := t.getRaw(bucketActive, key)
 	switch {
 	case err != nil:
 		return 0, err
 	case raw == nil:
 		return 0, nil
 	case len(raw) != 8:
-		return 0, damaged(bucketActive, []byte(id), fmt.Sprintf("holds %d bytes, not an op's sequence number", len(raw)))
+		return 0, damaged(bucketActive, key, fmt.Sprintf("holds %d bytes, not an op's sequence number", len(raw)))
 	}
 	return fromU64(raw), nil
 }
@@ -183,7 +187,7 @@ func (t *Tx) ForEachVolumeRecord(after string, fn func(v *Volume, bad *DamagedEr
 	for ; k != nil; k, raw = c.Next() {
 		v, err := t.s.volumes.decode(k, raw, false)
 		if err == nil {
-			v.ActiveOp, err = t.activeOf(v.ID)
+			v.ActiveOp, err = t.activeOfKey(k)
 		}
 		bad, _ := asDamaged(err)
 		if bad == nil && err != nil {
@@ -254,7 +258,7 @@ func (t *Tx) ActiveOps() ([]*Op, error) {
 	var out []*Op
 	c := t.tx.Bucket(bucketActive).Cursor()
 	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		seq, err := t.activeOf(string(k))
+		seq, err := t.activeOfKey(k)
 		if t.skipDamaged(err) {
 			continue
 		}
