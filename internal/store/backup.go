@@ -20,12 +20,10 @@ func (s *Store) Backup(w io.Writer) (n int64, err error) {
 	if err := s.fileCut(); err != nil {
 		return 0, err
 	}
-	err = s.faultsAsErrors(func() error {
-		return s.db.View(func(tx *bolt.Tx) error {
-			var err error
-			n, err = tx.WriteTo(w)
-			return err
-		})
+	err = s.boltTx(false, func(tx *bolt.Tx) error {
+		var err error
+		n, err = tx.WriteTo(w)
+		return err
 	})
 	return n, err
 }

@@ -50,7 +50,7 @@ type call struct {
 // file is immutable, an I/O error) fails every call in it with an error
 // wrapping ErrUnavailable, and Health reports the fault until a later
 // commit succeeds; the store retries a probe commit on its own meanwhile.
-// While the file watch finds the file removed, replaced or cut short,
+// Once the file watch has found the file removed, replaced or cut short,
 // every call fails so, without touching the file.
 func (s *Store) Update(fn func(tx *Tx) error) error {
 	if s.readOnly {
@@ -119,7 +119,7 @@ func (s *Store) lead(caller bool) {
 // it alone gets the error and the rest are committed again without it.
 func (s *Store) commit(batch []*call) {
 	start := time.Now()
-	if err := s.checkFile(); err != nil {
+	if err := s.fileFault(); err != nil {
 		// The path no longer leads to the open file, or it was cut short:
 		// nothing more is written to it (see fileWatch).
 		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -129,7 +129,7 @@ func (s *Store) commit(batch []*call) {
 		return
 	}
 	failed := -1
-	err := s.update(func(btx *bolt.Tx) error {
+	err := s.boltTx(true, func(btx *bolt.Tx) error {
 		// The first hook: the store's own bookkeeping is done before any
 		// caller's hook answers a waiter, who may then look at it.
 		btx.OnCommit(func() {
@@ -172,12 +172,6 @@ func (s *Store) commit(batch []*call) {
 	if len(rest) > 0 {
 		s.commit(rest)
 	}
-}
-
-// update is db.Update that survives a fault reading the mapped file (the
-// file cut short under csid): it is the transaction's error.
-func (s *Store) update(fn func(*bolt.Tx) error) error {
-	return s.faultsAsErrors(func() error { return s.db.Update(fn) })
 }
 
 // runCall runs one caller's fn, turning a panic into its error.

@@ -85,7 +85,7 @@ type Options struct {
 	Observe func(batch int, took time.Duration)
 
 	// WatchInterval is how often the file watch compares the open file
-	// with its path (default 1s); it also runs before every commit.
+	// with its path (default 1s).
 	WatchInterval time.Duration
 	// OnFileFault, if set, is called (from the watch) when the watch finds
 	// the file removed, replaced or cut short, or finds another problem
@@ -417,15 +417,14 @@ func (s *Store) View(fn func(tx *Tx) error) error {
 	if err := s.fileCut(); err != nil {
 		return err
 	}
-	return s.faultsAsErrors(func() error {
-		return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx, s: s}) })
-	})
+	return s.boltTx(false, func(btx *bolt.Tx) error { return fn(&Tx{tx: btx, s: s}) })
 }
 
-// faultsAsErrors runs fn, which reads the mapped file, turning a memory
-// fault (a read past the end of a file cut short under csid) into an
-// error saying what happened; other panics go on.
-func (s *Store) faultsAsErrors(fn func() error) (err error) {
+// boltTx runs fn in a bbolt transaction (writable: db.Update, else
+// db.View), turning a memory fault reading the mapped file (a read past
+// the end of a file cut short under csid) into an error saying what
+// happened; other panics go on.
+func (s *Store) boltTx(writable bool, fn func(*bolt.Tx) error) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
@@ -435,7 +434,10 @@ func (s *Store) faultsAsErrors(fn func() error) (err error) {
 			err = s.faulted(r)
 		}
 	}()
-	return fn()
+	if writable {
+		return s.db.Update(fn)
+	}
+	return s.db.View(fn)
 }
 
 // isFault reports whether a recovered panic is a memory fault (a read of
