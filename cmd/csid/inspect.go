@@ -51,8 +51,7 @@ const inspectExample = `  # every volume of the csid in ./csid-data
 
 // newInspect builds `csid inspect`; now is the clock of the ages in tables.
 func newInspect(now func() time.Time) *cobra.Command {
-	var f sourceFlags
-	var output string
+	in := &inspector{now: now}
 	cmd := &cobra.Command{
 		Use:     "inspect",
 		Short:   "Show volumes, ops and resizes of a running csid, or of a state file",
@@ -61,38 +60,55 @@ func newInspect(now func() time.Time) *cobra.Command {
 		Args:    cobra.NoArgs,
 	}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&f.socket, "socket", "", "admin socket of a running csid (default: the first that answers in --state-dir)")
-	pf.StringVar(&f.db, "db", "", "state file of a stopped csid, opened read-only (csid.db, controller.db or node.db)")
-	pf.StringVar(&f.stateDir, "state-dir", "csid-data", "state directory of the csid to read (where its admin sockets are)")
-	pf.StringVarP(&output, "output", "o", outTable, "output format: table, json or yaml")
+	pf.StringVar(&in.f.socket, "socket", "", "admin socket of a running csid (default: the first that answers in --state-dir)")
+	pf.StringVar(&in.f.db, "db", "", "state file of a stopped csid, opened read-only (csid.db, controller.db or node.db)")
+	pf.StringVar(&in.f.stateDir, "state-dir", "csid-data", "state directory of the csid to read (where its admin sockets are)")
+	pf.StringVarP(&in.output, "output", "o", outTable, "output format: table, json or yaml")
 	_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletion(outputs...))
 	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
 	_ = cmd.RegisterFlagCompletionFunc("socket", extCompletion("sock"))
 	_ = cmd.RegisterFlagCompletionFunc("state-dir", dirCompletion)
+	cmd.AddCommand(in.volumesCmd(), in.volumeCmd(), in.opsCmd(), in.resizesCmd())
+	return cmd
+}
 
-	// with opens the source, runs fn on it, and closes it.
-	with := func(cmd *cobra.Command, name string, fn func(ctx context.Context, src *source, p printer) error) error {
-		if err := checkOutput(output); err != nil {
-			return err
-		}
-		src, chosen, err := f.open(cmd.Context(), name)
-		if err != nil {
-			return err
-		}
-		defer src.Close()
-		if chosen != "" {
-			// Said where people look: above the table, or beside a
-			// document that must stay one.
-			if output == outTable {
-				fmt.Fprintf(cmd.OutOrStdout(), "Note: %s.\n\n", chosen)
-			} else {
-				fmt.Fprintf(cmd.ErrOrStderr(), "note: %s\n", chosen)
-			}
-		}
-		return fn(cmd.Context(), src, printer{now: now()})
+// inspector holds what every `csid inspect` subcommand shares: where to
+// read (its persistent flags), the output format, the clock.
+type inspector struct {
+	f      sourceFlags
+	output string
+	now    func() time.Time
+}
+
+// with opens the source, runs fn on it, and closes it.
+func (in *inspector) with(cmd *cobra.Command, name string, fn func(ctx context.Context, src *source, p printer) error) error {
+	if err := checkOutput(in.output); err != nil {
+		return err
 	}
-	out := func(cmd *cobra.Command) io.Writer { return cmd.OutOrStdout() }
+	src, chosen, err := in.f.open(cmd.Context(), name)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	if chosen != "" {
+		// Said where people look: above the table, or beside a document
+		// that must stay one.
+		if in.output == outTable {
+			fmt.Fprintf(cmd.OutOrStdout(), "Note: %s.\n\n", chosen)
+		} else {
+			fmt.Fprintf(cmd.ErrOrStderr(), "note: %s\n", chosen)
+		}
+	}
+	return fn(cmd.Context(), src, printer{now: in.now()})
+}
 
+// show renders v in the chosen format, the table with table.
+func (in *inspector) show(cmd *cobra.Command, v any, table func(w io.Writer) error) error {
+	return render(cmd.OutOrStdout(), in.output, v, table)
+}
+
+// volumesCmd is `csid inspect volumes`.
+func (in *inspector) volumesCmd() *cobra.Command {
 	var state, node string
 	volumes := &cobra.Command{
 		Use:   "volumes",
@@ -106,21 +122,25 @@ func newInspect(now func() time.Time) *cobra.Command {
 			if err := view.CheckState(filter.State); err != nil {
 				return fmt.Errorf("--state: %w", err)
 			}
-			return with(cmd, "inspect volumes", func(ctx context.Context, src *source, p printer) error {
+			return in.with(cmd, "inspect volumes", func(ctx context.Context, src *source, p printer) error {
 				l, err := src.Volumes(ctx, filter)
 				if err != nil {
 					return err
 				}
-				return render(out(cmd), output, l, func(w io.Writer) error { return p.volumes(w, l) })
+				return in.show(cmd, l, func(w io.Writer) error { return p.volumes(w, l) })
 			})
 		},
 	}
 	volumes.Flags().StringVar(&state, "state", "", "only volumes in this state: ABSENT, CREATED, NODE_READY, VOL_READY or PUBLISHED")
 	volumes.Flags().StringVar(&node, "node", "", "only volumes attached to this node")
 	_ = volumes.RegisterFlagCompletionFunc("state", stateCompletion)
-	_ = volumes.RegisterFlagCompletionFunc("node", f.nodeCompletion)
+	_ = volumes.RegisterFlagCompletionFunc("node", in.f.nodeCompletion)
+	return volumes
+}
 
-	volume := &cobra.Command{
+// volumeCmd is `csid inspect volume ID`.
+func (in *inspector) volumeCmd() *cobra.Command {
+	return &cobra.Command{
 		Use:   "volume ID",
 		Short: "Show one volume: its record, full history, pending op and queued resize",
 		Long: `Show one volume: its record; the op in flight on it, with its attempts, last
@@ -131,9 +151,9 @@ queued, a volume adopted, a resize dropped).`,
 		Example: `  csid inspect volume vol-3f9c2a61d0b84e7a5c11
   csid inspect volume "$(kubectl get pv <pv> -o jsonpath='{.spec.csi.volumeHandle}')" -o yaml`,
 		Args:              cobra.ExactArgs(1),
-		ValidArgsFunction: f.volumeCompletion,
+		ValidArgsFunction: in.f.volumeCompletion,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return with(cmd, "inspect volume "+args[0], func(ctx context.Context, src *source, p printer) error {
+			return in.with(cmd, "inspect volume "+args[0], func(ctx context.Context, src *source, p printer) error {
 				v, err := src.Volume(ctx, args[0])
 				if errors.Is(err, view.ErrNotFound) {
 					return fmt.Errorf("no volume %s in %s: csid inspect volumes lists them (a deleted volume has no record; its ops stay for a while: csid inspect ops --volume %s)", args[0], src.what, args[0])
@@ -141,11 +161,14 @@ queued, a volume adopted, a resize dropped).`,
 				if err != nil {
 					return err
 				}
-				return render(out(cmd), output, v, func(w io.Writer) error { return p.volume(w, v) })
+				return in.show(cmd, v, func(w io.Writer) error { return p.volume(w, v) })
 			})
 		},
 	}
+}
 
+// opsCmd is `csid inspect ops`.
+func (in *inspector) opsCmd() *cobra.Command {
 	var pending, failed bool
 	var opVolume string
 	var limit int
@@ -175,15 +198,15 @@ shows what failed, with the gRPC code and message the CO got.`,
 			if filter.Limit < 0 {
 				return fmt.Errorf("--limit %d: 0 (all) or more", filter.Limit)
 			}
-			return with(cmd, "inspect ops", func(ctx context.Context, src *source, p printer) error {
+			return in.with(cmd, "inspect ops", func(ctx context.Context, src *source, p printer) error {
 				l, err := src.Ops(ctx, filter)
 				if err != nil {
 					return err
 				}
-				if output == outTable && filter.Limit > 0 && len(l.Ops) == filter.Limit {
+				if in.output == outTable && filter.Limit > 0 && len(l.Ops) == filter.Limit {
 					fmt.Fprintf(cmd.ErrOrStderr(), "note: showing the newest %d ops; --limit 0 shows all\n", filter.Limit)
 				}
-				return render(out(cmd), output, l, func(w io.Writer) error { return p.ops(w, l) })
+				return in.show(cmd, l, func(w io.Writer) error { return p.ops(w, l) })
 			})
 		},
 	}
@@ -192,9 +215,13 @@ shows what failed, with the gRPC code and message the CO got.`,
 	ops.Flags().StringVar(&opVolume, "volume", "", "only the ops of this volume")
 	ops.Flags().IntVar(&limit, "limit", 100, "at most this many ops, newest first (0: all that are kept)")
 	ops.MarkFlagsMutuallyExclusive("pending", "failed")
-	_ = ops.RegisterFlagCompletionFunc("volume", f.volumeCompletion)
+	_ = ops.RegisterFlagCompletionFunc("volume", in.f.volumeCompletion)
+	return ops
+}
 
-	resizes := &cobra.Command{
+// resizesCmd is `csid inspect resizes`.
+func (in *inspector) resizesCmd() *cobra.Command {
+	return &cobra.Command{
 		Use:   "resizes",
 		Short: "List the deferred resizes: what each waits for",
 		Long: `List the deferred offline-resize queue. An expansion asked for while a volume
@@ -204,17 +231,15 @@ op grows the disk (running). WAITING FOR says what each one needs.`,
   csid inspect resizes -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return with(cmd, "inspect resizes", func(ctx context.Context, src *source, p printer) error {
+			return in.with(cmd, "inspect resizes", func(ctx context.Context, src *source, p printer) error {
 				l, err := src.Resizes(ctx)
 				if err != nil {
 					return err
 				}
-				return render(out(cmd), output, l, func(w io.Writer) error { return p.resizes(w, l) })
+				return in.show(cmd, l, func(w io.Writer) error { return p.resizes(w, l) })
 			})
 		},
 	}
-	cmd.AddCommand(volumes, volume, ops, resizes)
-	return cmd
 }
 
 // Shell completion.
