@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -63,123 +64,150 @@ type checkDoc struct {
 }
 
 func newCheck() *cobra.Command {
-	var sockets, dbs []string
-	var stateDir, kubeletRoot, nodeID, driverName, output string
+	var o checkOptions
 	cmd := &cobra.Command{
 		Use:     "check",
 		Short:   "Compare csid's records with the cloud and the host; explain each disagreement",
 		Long:    checkLong,
 		Example: checkExample,
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			var srcs []*source
-			defer func() {
-				for _, s := range srcs {
-					s.Close()
-				}
-			}()
-			for _, sock := range sockets {
-				s, err := openSocket(ctx, sock)
-				if err != nil {
-					return err
-				}
-				srcs = append(srcs, s)
-			}
-			for _, db := range dbs {
-				s, err := openDB(db, "check")
-				if err != nil {
-					return err
-				}
-				srcs = append(srcs, s)
-			}
-			if len(srcs) == 0 {
-				live, err := discover(ctx, stateDir, "check")
-				if err != nil {
-					return err
-				}
-				for _, l := range live {
-					srcs = append(srcs, l.source)
-				}
-			}
-
-			s := check.Sources{DriverName: driverName, KubeletRoot: kubeletRoot}
-			doc := checkDoc{}
-			var nodes []string
-			for _, src := range srcs {
-				rs := check.RecordSource{Name: src.what, Mode: string(src.mode), Source: src}
-				if src.info.DriverName != "" { // a live csid says where kubelet keeps its volumes
-					rs.Kubelet = &check.Kubelet{DriverName: src.info.DriverName, Root: src.info.KubeletRoot}
-				}
-				s.Records = append(s.Records, rs)
-				doc.Records = append(doc.Records, check.Store{Name: src.what, Mode: string(src.mode)})
-				if src.mode != driver.ModeController && src.info.NodeID != "" {
-					nodes = append(nodes, src.info.NodeID)
-				}
-			}
-			insp, err := local.OpenInspector(stateDir)
-			switch {
-			case errors.Is(err, local.ErrNoState):
-				s.CloudNotRead = fmt.Sprintf("no local backend in %s (--state-dir): the cloud's disks, attachments and loop devices are not compared", stateDir)
-			case err != nil:
-				return err
-			default:
-				s.Cloud, doc.Cloud = insp, insp.Dir()
-				registered, err := insp.Nodes()
-				if err != nil {
-					return err
-				}
-				nodes = append(nodes, registered...)
-			}
-			if nodeID != "" {
-				nodes = []string{nodeID}
-			}
-			if len(nodes) == 0 {
-				h, err := os.Hostname()
-				if err != nil {
-					return fmt.Errorf("no --node-id and no hostname: %w", err)
-				}
-				nodes = []string{h}
-			}
-			slices.Sort(nodes)
-			nodes = slices.Compact(nodes)
-			s.HostNodes, doc.HostNodes = nodes, nodes
-			s.Mounts = mounter.New()
-
-			in, err := check.Gather(ctx, s)
-			if err != nil {
-				return err
-			}
-			doc.Kubelets = in.Kubelets
-			doc.Report = check.Compare(in)
-			w := cmd.OutOrStdout()
-			if err := render(w, output, doc, func(w io.Writer) error { return printCheck(w, doc) }); err != nil {
-				return err
-			}
-			if !doc.Clean() {
-				// An error: exit 1.
-				return errors.New("check found " + count(len(doc.Findings), "problem"))
-			}
-			return nil
-		},
+		RunE:    func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
 	f := cmd.Flags()
-	f.StringArrayVar(&sockets, "socket", nil, "admin socket of a running csid (repeatable; default: every one that answers in --state-dir)")
-	f.StringArrayVar(&dbs, "db", nil, "state file of a stopped csid, opened read-only (repeatable)")
-	f.StringVar(&stateDir, "state-dir", "csid-data", "csid's state directory: its admin sockets, and the local backend's disks")
-	f.StringVar(&kubeletRoot, "kubelet-root", "/var/lib/kubelet", "kubelet's root directory for records whose csid does not say its own (state files; a running csid says; \"\": no kubelet, compare csid's recorded paths only)")
-	f.StringVar(&nodeID, "node-id", "", "the node this host is (default: the node of the csid read, and the local backend's nodes)")
-	f.StringVar(&driverName, "driver-name", driver.DefaultName, "csid's CSI driver name, as in kubelet's directories, for records whose csid does not say its own (state files)")
-	f.StringVarP(&output, "output", "o", outTable, "output format: table, json or yaml")
+	f.StringArrayVar(&o.sockets, "socket", nil, "admin socket of a running csid (repeatable; default: every one that answers in --state-dir)")
+	f.StringArrayVar(&o.dbs, "db", nil, "state file of a stopped csid, opened read-only (repeatable)")
+	f.StringVar(&o.stateDir, "state-dir", "csid-data", "csid's state directory: its admin sockets, and the local backend's disks")
+	f.StringVar(&o.kubeletRoot, "kubelet-root", "/var/lib/kubelet", "kubelet's root directory for records whose csid does not say its own (state files; a running csid says; \"\": no kubelet, compare csid's recorded paths only)")
+	f.StringVar(&o.nodeID, "node-id", "", "the node this host is (default: the node of the csid read, and the local backend's nodes)")
+	f.StringVar(&o.driverName, "driver-name", driver.DefaultName, "csid's CSI driver name, as in kubelet's directories, for records whose csid does not say its own (state files)")
+	f.StringVarP(&o.output, "output", "o", outTable, "output format: table, json or yaml")
 	_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletion(outputs...))
 	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
 	_ = cmd.RegisterFlagCompletionFunc("socket", extCompletion("sock"))
 	_ = cmd.RegisterFlagCompletionFunc("state-dir", dirCompletion)
 	_ = cmd.RegisterFlagCompletionFunc("kubelet-root", dirCompletion)
 	return cmd
+}
+
+// checkOptions are the flags of `csid check`.
+type checkOptions struct {
+	sockets, dbs                                      []string
+	stateDir, kubeletRoot, nodeID, driverName, output string
+}
+
+// run is `csid check`: read the records, the cloud and the host, compare,
+// print; findings make it fail (exit 1).
+func (o *checkOptions) run(cmd *cobra.Command) error {
+	if err := checkOutput(o.output); err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	srcs, err := o.sources(ctx)
+	defer func() {
+		for _, s := range srcs {
+			s.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	s := check.Sources{DriverName: o.driverName, KubeletRoot: o.kubeletRoot}
+	doc := checkDoc{}
+	var nodes []string
+	for _, src := range srcs {
+		rs := check.RecordSource{Name: src.what, Mode: string(src.mode), Source: src}
+		if src.info.DriverName != "" { // a live csid says where kubelet keeps its volumes
+			rs.Kubelet = &check.Kubelet{DriverName: src.info.DriverName, Root: src.info.KubeletRoot}
+		}
+		s.Records = append(s.Records, rs)
+		doc.Records = append(doc.Records, check.Store{Name: src.what, Mode: string(src.mode)})
+		if src.mode != driver.ModeController && src.info.NodeID != "" {
+			nodes = append(nodes, src.info.NodeID)
+		}
+	}
+	insp, err := local.OpenInspector(o.stateDir)
+	switch {
+	case errors.Is(err, local.ErrNoState):
+		s.CloudNotRead = fmt.Sprintf("no local backend in %s (--state-dir): the cloud's disks, attachments and loop devices are not compared", o.stateDir)
+	case err != nil:
+		return err
+	default:
+		s.Cloud, doc.Cloud = insp, insp.Dir()
+		registered, err := insp.Nodes()
+		if err != nil {
+			return err
+		}
+		nodes = append(nodes, registered...)
+	}
+	if s.HostNodes, err = o.hostNodes(nodes); err != nil {
+		return err
+	}
+	doc.HostNodes = s.HostNodes
+	s.Mounts = mounter.New()
+
+	in, err := check.Gather(ctx, s)
+	if err != nil {
+		return err
+	}
+	doc.Kubelets = in.Kubelets
+	doc.Report = check.Compare(in)
+	if err := render(cmd.OutOrStdout(), o.output, doc, func(w io.Writer) error { return printCheck(w, doc) }); err != nil {
+		return err
+	}
+	if !doc.Clean() {
+		// An error: exit 1.
+		return errors.New("check found " + count(len(doc.Findings), "problem"))
+	}
+	return nil
+}
+
+// sources opens the records to compare: the sockets and state files named,
+// else every csid answering in the state directory. The caller closes
+// what it gets, also with an error.
+func (o *checkOptions) sources(ctx context.Context) ([]*source, error) {
+	var srcs []*source
+	for _, sock := range o.sockets {
+		s, err := openSocket(ctx, sock)
+		if err != nil {
+			return srcs, err
+		}
+		srcs = append(srcs, s)
+	}
+	for _, db := range o.dbs {
+		s, err := openDB(db, "check")
+		if err != nil {
+			return srcs, err
+		}
+		srcs = append(srcs, s)
+	}
+	if len(srcs) > 0 {
+		return srcs, nil
+	}
+	live, err := discover(ctx, o.stateDir, "check")
+	if err != nil {
+		return srcs, err
+	}
+	for _, l := range live {
+		srcs = append(srcs, l.source)
+	}
+	return srcs, nil
+}
+
+// hostNodes is the nodes this host is: --node-id, else the nodes of the
+// csids read and the local backend's, else the hostname.
+func (o *checkOptions) hostNodes(nodes []string) ([]string, error) {
+	if o.nodeID != "" {
+		nodes = []string{o.nodeID}
+	}
+	if len(nodes) == 0 {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("no --node-id and no hostname: %w", err)
+		}
+		nodes = []string{h}
+	}
+	slices.Sort(nodes)
+	return slices.Compact(nodes), nil
 }
 
 // printCheck draws csid check's report for people.
