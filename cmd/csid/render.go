@@ -227,25 +227,43 @@ func (p printer) volumes(w io.Writer, l view.VolumeList) error {
 // volume draws `csid inspect volume ID`: the record, the pending op, the
 // resize, the last op, then the history.
 func (p printer) volume(w io.Writer, v view.Volume) error {
-	tw := newTab(w)
-	row := func(k, format string, a ...any) { fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, a...)...) }
-	more := func(format string, a ...any) { fmt.Fprintf(tw, "\t"+format+"\n", a...) }
-	row("Volume:", "%s", v.ID)
+	sh := sheet{newTab(w)}
+	sh.row("Volume:", "%s", v.ID)
 	if v.Damage != "" {
-		row("DAMAGED:", "%s", v.Damage)
-		more("csid does not act on this volume: its RPCs answer DataLoss; csid check says what to do")
+		sh.row("DAMAGED:", "%s", v.Damage)
+		sh.more("csid does not act on this volume: its RPCs answer DataLoss; csid check says what to do")
 		if v.State == "" {
-			return tw.Flush() // its own record is unreadable: nothing more is known
+			return sh.tw.Flush() // its own record is unreadable: nothing more is known
 		}
 	}
-	row("Name:", "%s", dash(v.Name))
-	row("State:", "%s (generation %d)", v.State, v.Generation)
-	if v.DiskID != "" {
-		row("Disk:", "%s in zone %s", v.DiskID, dash(v.Zone))
-	} else {
-		row("Disk:", "none yet")
+	p.volumeRecord(sh, v)
+	p.volumeOps(sh, v)
+	if err := sh.tw.Flush(); err != nil {
+		return err
 	}
-	row("Size:", "%s (%d bytes)", size(v.CapacityBytes), v.CapacityBytes)
+	return volumeHistory(w, v.History)
+}
+
+// sheet is a two-column table of labelled lines.
+type sheet struct{ tw *tabwriter.Writer }
+
+// row writes a labelled line; more, a line that continues the one above.
+func (s sheet) row(k, format string, a ...any) {
+	fmt.Fprintf(s.tw, "%s\t"+format+"\n", append([]any{k}, a...)...)
+}
+func (s sheet) more(format string, a ...any) { fmt.Fprintf(s.tw, "\t"+format+"\n", a...) }
+
+// volumeRecord writes what a volume's record holds: name, state, disk,
+// size, access, where it is attached, staged and published, and when.
+func (p printer) volumeRecord(sh sheet, v view.Volume) {
+	sh.row("Name:", "%s", dash(v.Name))
+	sh.row("State:", "%s (generation %d)", v.State, v.Generation)
+	if v.DiskID != "" {
+		sh.row("Disk:", "%s in zone %s", v.DiskID, dash(v.Zone))
+	} else {
+		sh.row("Disk:", "none yet")
+	}
+	sh.row("Size:", "%s (%d bytes)", size(v.CapacityBytes), v.CapacityBytes)
 	access := []string{dash(v.AccessType)}
 	if v.FsType != "" {
 		access = append(access, v.FsType)
@@ -256,24 +274,24 @@ func (p printer) volume(w io.Writer, v view.Volume) error {
 	if len(v.MountFlags) > 0 {
 		access = append(access, "mount flags "+strings.Join(v.MountFlags, ","))
 	}
-	row("Access:", "%s", strings.Join(access, ", "))
+	sh.row("Access:", "%s", strings.Join(access, ", "))
 	if len(v.Parameters) > 0 {
-		row("Parameters:", "%s", pairs(v.Parameters))
+		sh.row("Parameters:", "%s", pairs(v.Parameters))
 	}
 	if v.Node != "" {
 		ro := "read-write"
 		if v.ReadOnly {
 			ro = "read-only"
 		}
-		row("Attached to:", "%s (%s)", v.Node, ro)
+		sh.row("Attached to:", "%s (%s)", v.Node, ro)
 		if len(v.PublishContext) > 0 {
-			row("Publish context:", "%s", pairs(v.PublishContext))
+			sh.row("Publish context:", "%s", pairs(v.PublishContext))
 		}
 	} else {
-		row("Attached to:", "none")
+		sh.row("Attached to:", "none")
 	}
 	if v.StagingPath != "" {
-		row("Staged at:", "%s (device %s)", v.StagingPath, dash(v.Device))
+		sh.row("Staged at:", "%s (device %s)", v.StagingPath, dash(v.Device))
 	}
 	for i, t := range v.Targets {
 		ro := ""
@@ -281,58 +299,64 @@ func (p printer) volume(w io.Writer, v view.Volume) error {
 			ro = " (read-only)"
 		}
 		if i == 0 {
-			row("Published at:", "%s%s", t.Path, ro)
+			sh.row("Published at:", "%s%s", t.Path, ro)
 		} else {
-			more("%s%s", t.Path, ro)
+			sh.more("%s%s", t.Path, ro)
 		}
 	}
-	row("Created:", "%s", p.stampAge(v.CreatedAt))
-	row("Updated:", "%s", p.stampAge(v.UpdatedAt))
+	sh.row("Created:", "%s", p.stampAge(v.CreatedAt))
+	sh.row("Updated:", "%s", p.stampAge(v.UpdatedAt))
+}
+
+// volumeOps writes the op in flight on a volume, its queued resize and its
+// last op.
+func (p printer) volumeOps(sh sheet, v view.Volume) {
 	if o := v.PendingOp; o != nil {
-		row("Pending op:", "#%d %s %s -> %s, %s since %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.CreatedAt))
+		sh.row("Pending op:", "#%d %s %s -> %s, %s since %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.CreatedAt))
 		if o.Attempts > 0 {
-			more("%d failed attempts; last error: %s", o.Attempts, o.LastError)
+			sh.more("%d failed attempts; last error: %s", o.Attempts, o.LastError)
 		}
 		if !o.NextAttemptAt.IsZero() {
-			more("next attempt at %s", p.stampAge(o.NextAttemptAt))
+			sh.more("next attempt at %s", p.stampAge(o.NextAttemptAt))
 		}
 		if len(o.Args) > 0 {
-			more("arguments: %s", o.Args)
+			sh.more("arguments: %s", o.Args)
 		}
 	} else {
-		row("Pending op:", "none")
+		sh.row("Pending op:", "none")
 	}
 	if r := v.Resize; r != nil {
-		row("Resize:", "%s to %s (now %s) since %s", r.Status, size(r.TargetBytes), size(r.CurrentBytes), p.stampAge(r.QueuedAt))
-		more("%s", waitingFor(r))
+		sh.row("Resize:", "%s to %s (now %s) since %s", r.Status, size(r.TargetBytes), size(r.CurrentBytes), p.stampAge(r.QueuedAt))
+		sh.more("%s", waitingFor(r))
 		if r.Attempts > 0 {
-			more("%d failed attempts; last error: %s", r.Attempts, r.LastError)
+			sh.more("%d failed attempts; last error: %s", r.Attempts, r.LastError)
 		} else if r.LastError != "" {
-			more("last error: %s", r.LastError)
+			sh.more("last error: %s", r.LastError)
 		}
 		if !r.NextAttemptAt.IsZero() {
-			more("next attempt at %s", p.stampAge(r.NextAttemptAt))
+			sh.more("next attempt at %s", p.stampAge(r.NextAttemptAt))
 		}
 	} else {
-		row("Resize:", "none queued")
+		sh.row("Resize:", "none queued")
 	}
 	if o := v.LastOp; o != nil {
-		row("Last op:", "#%d %s %s -> %s %s at %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.FinishedAt))
+		sh.row("Last op:", "#%d %s %s -> %s %s at %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.FinishedAt))
 		if o.Status == view.StatusFailed {
-			more("%s: %s", o.Code, o.Message)
+			sh.more("%s: %s", o.Code, o.Message)
 		}
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
+}
+
+// volumeHistory writes a volume's history, oldest first.
+func volumeHistory(w io.Writer, history []view.HistoryLine) error {
 	fmt.Fprintf(w, "\nHistory (oldest first):\n")
-	if len(v.History) == 0 {
+	if len(history) == 0 {
 		_, err := fmt.Fprintln(w, "  none")
 		return err
 	}
-	tw = newTab(w)
+	tw := newTab(w)
 	fmt.Fprintln(tw, "TIME\tEVENT\tFROM\tTO\tOP\tOUTCOME")
-	for _, h := range v.History {
+	for _, h := range history {
 		op := "-"
 		if h.Op != 0 {
 			op = fmt.Sprintf("#%d", h.Op)
