@@ -122,55 +122,20 @@ func StateFile(dir string, mode driver.Mode) string {
 
 // Run serves until ctx ends, then shuts down in order.
 func Run(ctx context.Context, o Options) error {
-	if o.ShutdownTimeout <= 0 {
-		o.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if o.HostToolGrace <= 0 {
-		o.HostToolGrace = DefaultHostToolGrace
-	}
-	if o.DriverName == "" {
-		o.DriverName = driver.DefaultName
-	}
-	if o.NodeID == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return fmt.Errorf("no --node-id and no hostname: %w", err)
-		}
-		o.NodeID = h
-	}
-	sock, err := SocketPath(o.Endpoint)
+	sock, perm, err := o.complete()
 	if err != nil {
 		return err
-	}
-	perm := SocketPerm{Mode: o.SocketMode}
-	if perm.Mode == 0 {
-		perm.Mode = DefaultSocketMode
-	}
-	if perm.Mode&^os.ModePerm != 0 {
-		return fmt.Errorf("socket mode %v: want permission bits only", o.SocketMode)
-	}
-	if perm.UID, perm.GID, err = ParseOwner(o.SocketOwner); err != nil {
-		return fmt.Errorf("socket owner: %w", err)
-	}
-	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
-		return fmt.Errorf("state dir: %w", err)
 	}
 	log := o.Log.With().Str("mode", string(o.Mode)).Str("node", o.NodeID).Logger()
 
 	// The state file first: a second csid on the same state dir stops here,
 	// naming the holder, within a second.
 	ob := newObservability(o, log)
-	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{LockTimeout: 500 * time.Millisecond, Observe: ob.storeHook(),
-		WatchInterval: o.StateWatchInterval, OnFileFault: func(err error) {
-			log.Error().Err(err).Msg("the state file changed under csid: csid is not ready and takes no writes")
-		}})
+	st, err := openStore(o, ob, log)
 	if err != nil {
-		return fmt.Errorf("open the state file: %w", err)
+		return err
 	}
 	defer st.Close()
-	if from := st.MigratedFrom(); from != 0 {
-		log.Warn().Int("from", from).Int("to", store.SchemaVersion).Str("state", st.Path()).Msg("state file migrated to this csid's schema")
-	}
 	stopAdmin, err := serveAdmin(o, st, log)
 	if err != nil {
 		return err
@@ -181,29 +146,9 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	execs := map[fsm.Event]ops.Executor{}
-	var ctrl *effects.Controller
-	if o.Mode != driver.ModeNode {
-		ctrl = &effects.Controller{Cloud: p.cloud, DriverName: o.DriverName}
-		maps.Copy(execs, ctrl.Executors())
-	}
-	// The node side: the engine's node, its executors, and how it adopts
-	// what the host has.
-	var nodeID string
-	var adopt ops.Adopter
-	var node *effects.Node
-	if o.Mode != driver.ModeController {
-		if reg, ok := p.cloud.(cloud.Registrar); ok {
-			if err := reg.RegisterNode(ctx, cloud.Node{ID: o.NodeID, Zone: p.zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil {
-				return fmt.Errorf("register node %s: %w", o.NodeID, err)
-			}
-		}
-		node = &effects.Node{Host: p.host, Mounter: p.mounter}
-		maps.Copy(execs, node.Executors())
-		if o.Mode == driver.ModeNode {
-			adopt = node.Adopt
-		}
-		nodeID = o.NodeID
+	sd, err := newSides(ctx, o, p)
+	if err != nil {
+		return err
 	}
 	rec := reconcile.Reconciler{Store: st, Cloud: p.cloud, Host: p.host, Mounter: p.mounter, DriverName: o.DriverName,
 		Kubelet: kubelet.Layout{Root: o.KubeletRoot, Driver: o.DriverName}, Forget: o.Mode == driver.ModeNode,
@@ -211,8 +156,8 @@ func Run(ctx context.Context, o Options) error {
 	if err := startOnNewFile(ctx, o, st, &rec, log); err != nil {
 		return err
 	}
-	eng := ops.New(ops.Config{Store: st, Executors: execs, NodeID: nodeID, Adopt: adopt, Confirm: effects.Confirmer(ctrl, node), Forget: o.Mode == driver.ModeNode,
-		Workers: o.Workers, Deadlines: o.Deadlines,
+	eng := ops.New(ops.Config{Store: st, Executors: sd.execs, NodeID: sd.nodeID, Adopt: sd.adopt, Confirm: effects.Confirmer(sd.ctrl, sd.node),
+		Forget: o.Mode == driver.ModeNode, Workers: o.Workers, Deadlines: o.Deadlines,
 		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger(), Observer: ob.opsObserver()})
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
@@ -237,21 +182,10 @@ func Run(ctx context.Context, o Options) error {
 
 	// Identity answers from here on; Probe says ready once the records are
 	// reconciled with the cloud and the host, and ops are resumed.
-	if o.Mode != driver.ModeController {
-		if _, err := rec.Node(ctx); err != nil {
-			srv.Stop()
-			return fmt.Errorf("reconcile with the host: %w", err)
-		}
-	}
-	if err := eng.Start(ctx); err != nil {
+	if err := recoverAndReady(ctx, o, &rec, eng, log); err != nil {
 		srv.Stop()
-		return fmt.Errorf("resume operations: %w", err)
+		return err
 	}
-	log.Info().Msg("ready")
-	if o.Ready != nil {
-		close(o.Ready)
-	}
-
 	select {
 	case <-ctx.Done():
 	case err := <-served:
@@ -260,6 +194,113 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	return shutdown(log, srv, eng, p.mounter, o)
+}
+
+// complete fills in the defaults of o and checks what can be checked
+// before anything is opened: the socket's path, mode and owner, and the
+// state directory (made if missing).
+func (o *Options) complete() (sock string, perm SocketPerm, err error) {
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.HostToolGrace <= 0 {
+		o.HostToolGrace = DefaultHostToolGrace
+	}
+	if o.DriverName == "" {
+		o.DriverName = driver.DefaultName
+	}
+	if o.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", perm, fmt.Errorf("no --node-id and no hostname: %w", err)
+		}
+		o.NodeID = h
+	}
+	if sock, err = SocketPath(o.Endpoint); err != nil {
+		return "", perm, err
+	}
+	perm = SocketPerm{Mode: o.SocketMode}
+	if perm.Mode == 0 {
+		perm.Mode = DefaultSocketMode
+	}
+	if perm.Mode&^os.ModePerm != 0 {
+		return "", perm, fmt.Errorf("socket mode %v: want permission bits only", o.SocketMode)
+	}
+	if perm.UID, perm.GID, err = ParseOwner(o.SocketOwner); err != nil {
+		return "", perm, fmt.Errorf("socket owner: %w", err)
+	}
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return "", perm, fmt.Errorf("state dir: %w", err)
+	}
+	return sock, perm, nil
+}
+
+// openStore opens the mode's state file, watched for changes under csid.
+func openStore(o Options, ob *observability, log zerolog.Logger) (*store.Store, error) {
+	st, err := store.Open(StateFile(o.StateDir, o.Mode), store.Options{LockTimeout: 500 * time.Millisecond, Observe: ob.storeHook(),
+		WatchInterval: o.StateWatchInterval, OnFileFault: func(err error) {
+			log.Error().Err(err).Msg("the state file changed under csid: csid is not ready and takes no writes")
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("open the state file: %w", err)
+	}
+	if from := st.MigratedFrom(); from != 0 {
+		log.Warn().Int("from", from).Int("to", store.SchemaVersion).Str("state", st.Path()).Msg("state file migrated to this csid's schema")
+	}
+	return st, nil
+}
+
+// sides are the controller and node halves a process runs (per its mode):
+// their executors, and the node's id and adopter.
+type sides struct {
+	execs  map[fsm.Event]ops.Executor
+	ctrl   *effects.Controller
+	node   *effects.Node
+	adopt  ops.Adopter
+	nodeID string
+}
+
+// newSides builds the sides of o.Mode on provider p; a node registers
+// itself with a backend that wants it.
+func newSides(ctx context.Context, o Options, p *provider) (sides, error) {
+	sd := sides{execs: map[fsm.Event]ops.Executor{}}
+	if o.Mode != driver.ModeNode {
+		sd.ctrl = &effects.Controller{Cloud: p.cloud, DriverName: o.DriverName}
+		maps.Copy(sd.execs, sd.ctrl.Executors())
+	}
+	if o.Mode == driver.ModeController {
+		return sd, nil
+	}
+	if reg, ok := p.cloud.(cloud.Registrar); ok {
+		if err := reg.RegisterNode(ctx, cloud.Node{ID: o.NodeID, Zone: p.zone, MaxAttachments: o.MaxVolumesPerNode}); err != nil {
+			return sd, fmt.Errorf("register node %s: %w", o.NodeID, err)
+		}
+	}
+	sd.node = &effects.Node{Host: p.host, Mounter: p.mounter}
+	maps.Copy(sd.execs, sd.node.Executors())
+	if o.Mode == driver.ModeNode {
+		sd.adopt = sd.node.Adopt
+	}
+	sd.nodeID = o.NodeID
+	return sd, nil
+}
+
+// recoverAndReady reconciles a node's records with the host, resumes the
+// ops left from an earlier run, and then says ready (o.Ready).
+func recoverAndReady(ctx context.Context, o Options, rec *reconcile.Reconciler, eng *ops.Engine, log zerolog.Logger) error {
+	if o.Mode != driver.ModeController {
+		if _, err := rec.Node(ctx); err != nil {
+			return fmt.Errorf("reconcile with the host: %w", err)
+		}
+	}
+	if err := eng.Start(ctx); err != nil {
+		return fmt.Errorf("resume operations: %w", err)
+	}
+	log.Info().Msg("ready")
+	if o.Ready != nil {
+		close(o.Ready)
+	}
+	return nil
 }
 
 // heldShown bounds the disks a refusal to start names.
