@@ -16,60 +16,44 @@ import (
 	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/version"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
-func newServe() *cobra.Command {
-	var o app.Options
-	var mode, logFormat, logLevel, crashAt, socketMode string
-	var deadlines map[string]string
-	cmd := &cobra.Command{
-		Use:   "serve",
-		Short: "Run the CSI driver",
-		Long: `Run the CSI driver on a unix socket until SIGTERM or SIGINT.
+// serveLong is `csid serve --help`'s description.
+const serveLong = `Run the CSI driver on a unix socket until SIGTERM or SIGINT.
 
 With no flags, csid runs all three CSI services on its embedded local backend:
 disks are sparse files under the state directory (./csid-data), attached as
 loop devices (this needs root). In Kubernetes, run one --mode controller and
-one --mode node per node (see docs/deploy.md).`,
-		Example: `  # all-in-one on this machine, state in ./csid-data
+one --mode node per node (see docs/deploy.md).`
+
+// serveExample is `csid serve --help`'s examples.
+const serveExample = `  # all-in-one on this machine, state in ./csid-data
   sudo csid serve
 
   # a node plugin as the DaemonSet runs it
-  csid serve --mode node --endpoint unix:///csi/csi.sock --state-dir /var/lib/csid --node-id "$NODE_NAME"`,
-		Args: cobra.NoArgs,
+  csid serve --mode node --endpoint unix:///csi/csi.sock --state-dir /var/lib/csid --node-id "$NODE_NAME"`
+
+// serveOptions are the flags of `csid serve`: app.Options, and those that
+// need parsing first.
+type serveOptions struct {
+	o                                              app.Options
+	mode, logFormat, logLevel, crashAt, socketMode string
+	deadlines                                      map[string]string
+}
+
+func newServe() *cobra.Command {
+	var so serveOptions
+	cmd := &cobra.Command{
+		Use:     "serve",
+		Short:   "Run the CSI driver",
+		Long:    serveLong,
+		Example: serveExample,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(cmd.ErrOrStderr(), logFormat, logLevel)
+			o, err := so.options(cmd)
 			if err != nil {
 				return err
-			}
-			if err := crash.Arm(crashAt, os.Getenv(crash.EnvLog)); err != nil {
-				return err
-			}
-			if crashAt == "" {
-				if err := crash.ArmFromEnv(); err != nil {
-					return err
-				}
-			}
-			if o.Deadlines, err = parseDeadlines(deadlines); err != nil {
-				return err
-			}
-			o.Mode, o.Log, o.Version = driver.Mode(mode), log, version.Version
-			if o.StateDir, err = filepath.Abs(o.StateDir); err != nil {
-				return err
-			}
-			if o.Endpoint == "" {
-				o.Endpoint = "unix://" + filepath.Join(o.StateDir, "csi.sock")
-			}
-			perm, err := strconv.ParseUint(socketMode, 8, 32)
-			if err != nil || perm > 0o777 || perm == 0 {
-				return fmt.Errorf("--socket-mode %q: want octal permission bits, such as 0660", socketMode)
-			}
-			o.SocketMode = os.FileMode(perm)
-			if o.KubeletRoot != "" {
-				if !filepath.IsAbs(o.KubeletRoot) {
-					return fmt.Errorf("--kubelet-root %q: want an absolute path", o.KubeletRoot)
-				}
-				o.KubeletRoot = filepath.Clean(o.KubeletRoot)
 			}
 			if err := app.Run(cmd.Context(), o); err != nil {
 				return fmt.Errorf("serve: %w", err)
@@ -77,34 +61,78 @@ one --mode node per node (see docs/deploy.md).`,
 			return nil
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&mode, "mode", string(driver.ModeAll), "services to serve: all, controller or node")
-	f.StringVar(&o.Endpoint, "endpoint", "", "CSI socket, unix:///path or /path (default <state-dir>/csi.sock)")
-	f.StringVar(&o.StateDir, "state-dir", "csid-data", "directory of the state file (and of the local backend's disks)")
-	f.StringVar(&socketMode, "socket-mode", "0660", "permission bits of the CSI socket, whatever the umask (directories csid creates for it get the matching search bits)")
-	f.StringVar(&o.SocketOwner, "socket-owner", "", "owner of the CSI socket and of the directories csid creates for it, user[:group] by name or number (default: csid's own)")
-	f.StringVar(&o.KubeletRoot, "kubelet-root", "", "kubelet's root directory: node requests for paths outside it are refused (empty: any absolute path, as all-in-one and the sanity suite need; no symbolic link is ever followed either way)")
-	f.StringVar(&o.AdminSocket, "admin-socket", "", "read-only admin socket of csid inspect and check, mode 0600 (default <state-dir>/admin-<mode>.sock)")
-	f.StringVar(&o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices) or fake (in memory, for load tests)")
-	f.StringVar(&o.NodeID, "node-id", "", "this node's id (default: the hostname)")
-	f.StringVar(&o.DriverName, "driver-name", driver.DefaultName, "CSI driver name")
-	f.IntVar(&o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit)")
-	f.StringVar(&o.Zone, "zone", "", "the local backend's zone (default \"local\")")
-	f.IntVar(&o.Workers, "workers", 64, "operations whose effects run at once")
-	f.BoolVar(&o.RebuildFromCloud, "rebuild-from-cloud", false, "start on a new (missing or empty) state file although the cloud has csid's disks: "+
+	so.flags(cmd.Flags())
+	return cmd
+}
+
+// flags defines the flags of `csid serve` on f.
+func (so *serveOptions) flags(f *pflag.FlagSet) {
+	f.StringVar(&so.mode, "mode", string(driver.ModeAll), "services to serve: all, controller or node")
+	f.StringVar(&so.o.Endpoint, "endpoint", "", "CSI socket, unix:///path or /path (default <state-dir>/csi.sock)")
+	f.StringVar(&so.o.StateDir, "state-dir", "csid-data", "directory of the state file (and of the local backend's disks)")
+	f.StringVar(&so.socketMode, "socket-mode", "0660", "permission bits of the CSI socket, whatever the umask (directories csid creates for it get the matching search bits)")
+	f.StringVar(&so.o.SocketOwner, "socket-owner", "", "owner of the CSI socket and of the directories csid creates for it, user[:group] by name or number (default: csid's own)")
+	f.StringVar(&so.o.KubeletRoot, "kubelet-root", "", "kubelet's root directory: node requests for paths outside it are refused (empty: any absolute path, as all-in-one and the sanity suite need; no symbolic link is ever followed either way)")
+	f.StringVar(&so.o.AdminSocket, "admin-socket", "", "read-only admin socket of csid inspect and check, mode 0600 (default <state-dir>/admin-<mode>.sock)")
+	f.StringVar(&so.o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices) or fake (in memory, for load tests)")
+	f.StringVar(&so.o.NodeID, "node-id", "", "this node's id (default: the hostname)")
+	f.StringVar(&so.o.DriverName, "driver-name", driver.DefaultName, "CSI driver name")
+	f.IntVar(&so.o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit)")
+	f.StringVar(&so.o.Zone, "zone", "", "the local backend's zone (default \"local\")")
+	f.IntVar(&so.o.Workers, "workers", 64, "operations whose effects run at once")
+	f.BoolVar(&so.o.RebuildFromCloud, "rebuild-from-cloud", false, "start on a new (missing or empty) state file although the cloud has csid's disks: "+
 		"a controller rebuilds its records from the disks' tags, a node from this host's mounts (without it, such a start is refused)")
-	f.StringVar(&o.MetricsAddress, "metrics-address", "", "serve /metrics, /readyz and /healthz on this address, e.g. :9090 (off when empty)")
-	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "bound of each shutdown step: stopping gRPC, then letting running operations finish")
-	f.DurationVar(&o.HostToolGrace, "host-tool-grace", app.DefaultHostToolGrace,
+	f.StringVar(&so.o.MetricsAddress, "metrics-address", "", "serve /metrics, /readyz and /healthz on this address, e.g. :9090 (off when empty)")
+	f.DurationVar(&so.o.ShutdownTimeout, "shutdown-timeout", app.DefaultShutdownTimeout, "bound of each shutdown step: stopping gRPC, then letting running operations finish")
+	f.DurationVar(&so.o.HostToolGrace, "host-tool-grace", app.DefaultHostToolGrace,
 		"how long shutdown then waits for host tools still running (mkfs, e2fsck, resize2fs, xfs_growfs), which csid never kills; "+
 			"a pod's terminationGracePeriodSeconds must exceed 2*shutdown-timeout + host-tool-grace")
-	f.StringToStringVar(&deadlines, "op-deadline", nil, "deadline of one attempt of an operation, by event, e.g. controller_publish=2m,node_stage=30m; "+
+	f.StringToStringVar(&so.deadlines, "op-deadline", nil, "deadline of one attempt of an operation, by event, e.g. controller_publish=2m,node_stage=30m; "+
 		"an attempt past it is retried, and host tools are never killed for it (defaults: "+defaultDeadlines()+")")
-	f.StringVar(&logFormat, "log-format", "json", "log format: json or console")
-	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	f.StringVar(&crashAt, "crash-at", "", "arm a crash point (drills): name or name:N")
+	f.StringVar(&so.logFormat, "log-format", "json", "log format: json or console")
+	f.StringVar(&so.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&so.crashAt, "crash-at", "", "arm a crash point (drills): name or name:N")
 	_ = f.MarkHidden("crash-at")
-	return cmd
+}
+
+// options parses the flags into app.Options, arms a crash point if asked,
+// and makes the logger.
+func (so *serveOptions) options(cmd *cobra.Command) (app.Options, error) {
+	o := so.o
+	log, err := newLogger(cmd.ErrOrStderr(), so.logFormat, so.logLevel)
+	if err != nil {
+		return o, err
+	}
+	if err := crash.Arm(so.crashAt, os.Getenv(crash.EnvLog)); err != nil {
+		return o, err
+	}
+	if so.crashAt == "" {
+		if err := crash.ArmFromEnv(); err != nil {
+			return o, err
+		}
+	}
+	if o.Deadlines, err = parseDeadlines(so.deadlines); err != nil {
+		return o, err
+	}
+	o.Mode, o.Log, o.Version = driver.Mode(so.mode), log, version.Version
+	if o.StateDir, err = filepath.Abs(o.StateDir); err != nil {
+		return o, err
+	}
+	if o.Endpoint == "" {
+		o.Endpoint = "unix://" + filepath.Join(o.StateDir, "csi.sock")
+	}
+	perm, err := strconv.ParseUint(so.socketMode, 8, 32)
+	if err != nil || perm > 0o777 || perm == 0 {
+		return o, fmt.Errorf("--socket-mode %q: want octal permission bits, such as 0660", so.socketMode)
+	}
+	o.SocketMode = os.FileMode(perm)
+	if o.KubeletRoot != "" {
+		if !filepath.IsAbs(o.KubeletRoot) {
+			return o, fmt.Errorf("--kubelet-root %q: want an absolute path", o.KubeletRoot)
+		}
+		o.KubeletRoot = filepath.Clean(o.KubeletRoot)
+	}
+	return o, nil
 }
 
 // parseDeadlines reads --op-deadline: event=duration pairs, events of the
