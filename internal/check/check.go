@@ -391,8 +391,38 @@ func (c *comparison) mounts() {
 		c.note("no node records were read (only a controller's): mounts are not compared; run csid check in the node plugin's pod")
 		return
 	}
-	recorded := map[string]view.Volume{} // staging and target paths
-	inFlight := map[string]bool{}
+	recorded, inFlight := c.recordedPaths()
+	csidDevices, stagedDevices := c.csidDevices()
+	mounted := map[string]Mount{}
+	csidMounts := 0
+	for _, m := range c.in.Mounts {
+		mounted[m.Path] = m
+		dev := mountDevice(m.MountPoint)
+		_, fromCSID := csidDevices[dev]
+		owned := c.ownedPath(m)
+		if !owned && !fromCSID {
+			if _, ok := recorded[m.Path]; !ok {
+				continue // not csid's
+			}
+		}
+		csidMounts++
+		if _, ok := recorded[m.Path]; ok || inFlight[m.Path] {
+			continue
+		}
+		if !owned && stagedDevices[dev] && c.underKubelet(m.Path) {
+			continue
+		}
+		c.add(mountUnaccounted(m, dev, owned, csidDevices[dev]))
+	}
+	c.out.Checked.Mounts = csidMounts
+	c.missingMounts(recorded, mounted)
+}
+
+// recordedPaths are the staging and target paths the node records of this
+// host say are mounted, and those of volumes with an op in flight (left to
+// the op).
+func (c *comparison) recordedPaths() (recorded map[string]view.Volume, inFlight map[string]bool) {
+	recorded, inFlight = map[string]view.Volume{}, map[string]bool{}
 	for _, v := range c.nodes {
 		if !c.onHost(v.Node) {
 			continue
@@ -420,45 +450,31 @@ func (c *comparison) mounts() {
 			}
 		}
 	}
-	// The devices of volumes staged here: kubelet bind-mounts their
-	// filesystems elsewhere in its directory too (sub-paths, block device
-	// maps), which is its to do; a mount of them outside kubelet's
-	// directory is nobody's (an operator's bind mount).
-	stagedDevices := map[string]bool{}
-	csidDevices := map[string]string{} // device -> disk id
+	return recorded, inFlight
+}
+
+// csidDevices maps csid's devices on this host to their disks, and says
+// which are of volumes staged here: kubelet bind-mounts their filesystems
+// elsewhere in its directory too (sub-paths, block device maps), which is
+// its to do; a mount of them outside kubelet's directory is nobody's (an
+// operator's bind mount).
+func (c *comparison) csidDevices() (disks map[string]string, stagedHere map[string]bool) {
+	disks, stagedHere = map[string]string{}, map[string]bool{}
 	for diskID, devs := range c.in.Devices {
 		for _, dev := range devs {
-			csidDevices[dev] = diskID
+			disks[dev] = diskID
 			for _, v := range c.all[diskID] {
 				if staged(v.State) && c.onHost(v.Node) {
-					stagedDevices[dev] = true
+					stagedHere[dev] = true
 				}
 			}
 		}
 	}
-	mounted := map[string]Mount{}
-	csidMounts := 0
-	for _, m := range c.in.Mounts {
-		mounted[m.Path] = m
-		dev := mountDevice(m.MountPoint)
-		_, fromCSID := csidDevices[dev]
-		owned := c.ownedPath(m)
-		if !owned && !fromCSID {
-			if _, ok := recorded[m.Path]; !ok {
-				continue // not csid's
-			}
-		}
-		csidMounts++
-		if _, ok := recorded[m.Path]; ok || inFlight[m.Path] {
-			continue
-		}
-		if !owned && stagedDevices[dev] && c.underKubelet(m.Path) {
-			continue
-		}
-		c.add(mountUnaccounted(m, dev, owned, csidDevices[dev]))
-	}
-	c.out.Checked.Mounts = csidMounts
+	return disks, stagedHere
+}
 
+// missingMounts reports the recorded paths the host has no mount at.
+func (c *comparison) missingMounts(recorded map[string]view.Volume, mounted map[string]Mount) {
 	var unseen []string
 	for _, p := range slices.Sorted(maps.Keys(recorded)) {
 		if _, ok := mounted[p]; ok {
