@@ -187,7 +187,7 @@ func (e nodePublishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, 
 		if err := e.n.record(ctx, x, mounter.DeviceBind, dev.Path, a.TargetPath); err != nil {
 			return ops.Result{}, err
 		}
-		return ops.Result{}, m.BindMountDevice(ctx, dev.Path, a.TargetPath, a.ReadOnly)
+		return ops.Result{Device: dev.Path}, m.BindMountDevice(ctx, dev.Path, a.TargetPath, a.ReadOnly)
 	}
 	dev, err := e.n.stagedFrom(ctx, x.Volume, a.StagingPath)
 	if err != nil {
@@ -197,7 +197,7 @@ func (e nodePublishExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, 
 	if err := e.n.record(ctx, x, mounter.DirBind, a.StagingPath, a.TargetPath); err != nil {
 		return ops.Result{}, err
 	}
-	return ops.Result{}, m.BindMount(ctx, a.StagingPath, a.TargetPath, a.ReadOnly)
+	return ops.Result{Device: dev.Path}, m.BindMount(ctx, a.StagingPath, a.TargetPath, a.ReadOnly)
 }
 
 // Compensate undoes what a failed publish recorded it made at the target

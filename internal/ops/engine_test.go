@@ -414,3 +414,18 @@ func TestDeleteDuringCreateIsAborted(t *testing.T) {
 	h.must(deleteReq(id))
 	checkInvariants(t, h)
 }
+
+// TestPublishRecordsTheProvenDevice: the device a publish proved to be the
+// volume's disk replaces the record's device, which is only a hint for the
+// next op (a device number the backend gave to another disk meanwhile).
+func TestPublishRecordsTheProvenDevice(t *testing.T) {
+	raw, _ := encodeArgs(&NodePublishArgs{TargetPath: "/t", StagingPath: "/s"})
+	op := &store.Op{Event: fsm.NodePublish, From: fsm.VolReady, To: fsm.Published, Args: raw}
+	v := &store.Volume{ID: "v", State: fsm.VolReady, Stage: &store.Stage{Path: "/s", Device: "/dev/loop0"}}
+	if err := apply(v, op, Result{Device: "/dev/loop3"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if v.Stage.Device != "/dev/loop3" || v.State != fsm.Published {
+		t.Fatalf("after a publish that proved /dev/loop3: %+v", v.Stage)
+	}
+}

@@ -177,7 +177,8 @@ type Result struct {
 	Zone          string `json:"zone,omitempty"`
 	// PublishContext: controller_publish.
 	PublishContext map[string]string `json:"publishContext,omitempty"`
-	// Device: node_stage.
+	// Device: node_stage, and node_publish: the device proven to be the
+	// volume's disk (the record keeps it as the next op's first guess).
 	Device string `json:"device,omitempty"`
 }
 

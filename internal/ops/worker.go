@@ -432,6 +432,9 @@ func apply(v *store.Volume, op *store.Op, res Result, now time.Time) error {
 			v.Targets = map[string]store.Target{}
 		}
 		v.Targets[a.TargetPath] = store.Target{ReadOnly: a.ReadOnly, Fingerprint: capFingerprint(a.Capability, a.ReadOnly, a.StagingPath)}
+		if res.Device != "" && v.Stage != nil {
+			v.Stage.Device = res.Device // proven now: a stale hint is replaced
+		}
 	case fsm.NodeUnpublish:
 		a, err := DecodeArgs[NodeUnpublishArgs](op)
 		if err != nil {
