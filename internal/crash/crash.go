@@ -49,6 +49,18 @@ const (
 	MounterGrowRecorded    = "mounter.grow_recorded"
 	MounterResizeRunning   = "mounter.resize_running"
 	MounterAfterResize     = "mounter.after_resize"
+
+	// The local backend's own steps (internal/cloud/local).
+	LocalCreateNamed    = "local.create_named"
+	LocalCreateImage    = "local.create_image"
+	LocalCreateRecorded = "local.create_recorded"
+	LocalDeleteRemoved  = "local.delete_removed"
+	LocalAttachIndexed  = "local.attach_indexed"
+	LocalAttachRecorded = "local.attach_recorded"
+	LocalDetachReleased = "local.detach_released"
+	LocalDetachRecorded = "local.detach_recorded"
+	LocalResizeGrown    = "local.resize_grown"
+	LocalDeviceBound    = "local.device_bound"
 )
 
 // Points lists every crash point, with what a crash there means.
@@ -66,6 +78,16 @@ var Points = map[string]string{
 	MounterGrowRecorded:    "an offline growth of a filesystem is recorded; e2fsck and resize2fs have not run",
 	MounterResizeRunning:   "resize2fs is growing a filesystem offline; csid's process group dies, resize2fs with it",
 	MounterAfterResize:     "resize2fs has grown the filesystem; its growth record is not yet cleared",
+	LocalCreateNamed:       "local backend: a create's name is indexed; no image, no record",
+	LocalCreateImage:       "local backend: a create's image is in place; no record",
+	LocalCreateRecorded:    "local backend: a created disk's record is in place; the operation is not recorded",
+	LocalDeleteRemoved:     "local backend: a deleted disk's record is gone; its name entry and image remain",
+	LocalAttachIndexed:     "local backend: an attachment is indexed under its node; the record says detached",
+	LocalAttachRecorded:    "local backend: an attachment is recorded; the operation is not",
+	LocalDetachReleased:    "local backend: a detach released the loop device; the record says attached",
+	LocalDetachRecorded:    "local backend: a detach is recorded; the attachment entry remains",
+	LocalResizeGrown:       "local backend: an image is grown; its record has the old size",
+	LocalDeviceBound:       "local backend: the node bound a disk's image to a loop device; nobody has opened it",
 }
 
 // GroupPoints are the points at which a crash kills csid's whole process

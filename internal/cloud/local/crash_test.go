@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/crash"
 )
 
 // The crash test runs the test binary again as a child that performs one
@@ -33,13 +34,15 @@ type crashCase struct {
 }
 
 var crashCases = []crashCase{
-	{point: "create:image-synced", setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
-	{point: "create:image-in-place", setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
-	{point: "create:recorded", setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
-	{point: "delete:record-removed", setup: detachedDisk, call: deleteDisk, check: noDisks},
-	{point: "resize:image-grown", setup: detachedDisk, call: resizeDisk, check: grownDisk},
-	{point: "attach:recorded", setup: detachedDisk, call: attachDisk, check: attachedDisk},
-	{point: "detach:released", setup: attachedCrashDisk, call: detachDisk, check: detachedCheck},
+	{point: crash.LocalCreateNamed, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
+	{point: crash.LocalCreateImage, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
+	{point: crash.LocalCreateRecorded, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
+	{point: crash.LocalDeleteRemoved, setup: detachedDisk, call: deleteDisk, check: noDisks},
+	{point: crash.LocalResizeGrown, setup: detachedDisk, call: resizeDisk, check: grownDisk},
+	{point: crash.LocalAttachIndexed, setup: detachedDisk, call: attachDisk, check: attachedDisk},
+	{point: crash.LocalAttachRecorded, setup: detachedDisk, call: attachDisk, check: attachedDisk},
+	{point: crash.LocalDetachReleased, setup: attachedCrashDisk, call: detachDisk, check: detachedCheck},
+	{point: crash.LocalDetachRecorded, setup: attachedCrashDisk, call: detachDisk, check: detachedCheck},
 }
 
 func TestCrashPoints(t *testing.T) {

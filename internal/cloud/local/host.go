@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/loopdev"
 )
 
@@ -162,7 +163,7 @@ func (h *Host) check(f *os.File, id diskID) (uint64, cloud.Disk, error) {
 // attached to this node is ErrNotFound. The path is only a candidate:
 // OpenDevice proves it.
 //
-// Never two devices for one disk: under the state lock, the devices bound
+// Never two devices for one disk: under the disk's lock, the devices bound
 // to the image (by inode) are looked up before one is made, so repeat calls,
 // calls from another process and calls after a restart return the same
 // device. A device being released (by a detach whose last opener has not
@@ -194,8 +195,11 @@ func (h *Host) devicePath(ctx context.Context, id diskID) (string, error) {
 			}
 		}
 		path, err = bindImage(ctx, h.c.s.imagePath(id), d.SizeBytes)
+		if err == nil {
+			h.c.s.hit(crash.LocalDeviceBound)
+		}
 		return err
-	})
+	}, diskKey(id))
 	if err != nil {
 		return "", err
 	}

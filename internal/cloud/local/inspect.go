@@ -36,6 +36,9 @@ func OpenInspector(dir string) (*Inspector, error) {
 		return nil, fmt.Errorf("local cloud %s: %w", dir, err)
 	}
 	err = readFormat(abs)
+	if errors.Is(err, errFormat1) {
+		err = nil // its records read the same; Open migrates it
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%s: no %s file: %w", abs, formatFile, ErrNoState)
 	}

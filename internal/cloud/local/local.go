@@ -6,11 +6,16 @@
 // disk grows only while detached.
 //
 // Two processes use one state directory at once (a controller and a node
-// plugin on the same machine), so every change happens under a flock(2) on
-// <state>/lock as well as a mutex. Every file is written crash-safely
-// (temporary file, fsync, rename, fsync of the directory), and a disk exists
-// only once its record is in place: a crash never leaves a half-created disk
-// that looks whole, and Open removes what a crash left behind.
+// plugin on the same machine), so every change happens under the kernel's
+// locks on <state>/lock, one per thing changed (a disk, a name, a node's
+// attachments: see locks.go), so that independent disks never wait on each
+// other. Every file that must survive a crash of the machine is written
+// crash-safely (temporary file, fsync, rename, fsync of the directory), and
+// a disk exists only once its record is in place: a crash never leaves a
+// half-created disk that looks whole, and Open removes what a crash left
+// behind. Two indexes (index.go) find a disk by name and count a node's
+// disks without reading every record, so an operation costs the same with
+// ten disks or ten thousand.
 //
 // Operations complete before the call that starts them returns (the work is
 // a few file operations). Each is recorded under <state>/ops with its result
@@ -26,7 +31,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,15 +122,16 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 	}
 	s.crash = opts.crash
 	c := &Cloud{s: s, opts: opts}
-	err = c.locked(ctx, func() error {
-		if err := s.checkFormat(); err != nil {
-			return err
+	err = s.open(ctx)
+	if err == nil {
+		err = s.collectGarbage()
+		if err != nil {
+			err = fmt.Errorf("clean up after a crash: %w", err)
 		}
-		if err := s.collectGarbage(); err != nil {
-			return fmt.Errorf("clean up after a crash: %w", err)
-		}
-		return s.pruneOps(opts.now(), opts.OpKeep, opts.OpRetention)
-	})
+	}
+	if err == nil {
+		err = s.pruneOps(opts.now(), opts.OpKeep, opts.OpRetention)
+	}
 	if err != nil {
 		s.close()
 		return nil, fmt.Errorf("local cloud %s: %w", dir, err)
@@ -143,8 +148,9 @@ func (c *Cloud) Close() error {
 // Dir is the state directory (absolute, symlinks resolved).
 func (c *Cloud) Dir() string { return c.s.dir }
 
-func (c *Cloud) locked(ctx context.Context, fn func() error) error {
-	unlock, err := c.s.lock(ctx)
+// locked runs fn under the key locks of keys (in order).
+func (c *Cloud) locked(ctx context.Context, fn func() error, keys ...string) error {
+	unlock, err := c.s.lock(ctx, keys...)
 	if err != nil {
 		return err
 	}
@@ -153,12 +159,12 @@ func (c *Cloud) locked(ctx context.Context, fn func() error) error {
 }
 
 // record stores a finished operation and returns it. The caller holds the
-// lock. An operation that failed while running keeps its error for
+// disk's lock. An operation that failed while running keeps its error for
 // WaitOperation; the call that started it still succeeds.
 func (c *Cloud) record(kind cloud.OpKind, id diskID, nodeID string, started time.Time, left *cloud.Disk, failed error) (cloud.Operation, error) {
 	op := cloud.Operation{ID: string(newOpID(started)), Kind: kind, DiskID: string(id), NodeID: nodeID, Done: true}
 	rec := opRecord{Op: op, Started: started, Finished: c.opts.now(), Disk: left, Error: recordErr(failed)}
-	if err := c.s.writeOp(rec); err != nil {
+	if err := c.s.writeOpLocked(rec); err != nil {
 		if failed != nil {
 			return cloud.Operation{}, fmt.Errorf("%w (and recording the operation failed: %v)", failed, err)
 		}
@@ -215,130 +221,6 @@ func checkNodeID(id string) error {
 
 func invalidDiskID(id string) error {
 	return fmt.Errorf("disk id %q is not one of this provider's (disk- and 16 hex digits): %w", id, cloud.ErrInvalid)
-}
-
-// CreateDisk creates a disk; see cloud.Cloud. The image is written under a
-// temporary name, sized, fsynced and renamed into place, and only then is
-// the record written: the disk exists once its record does. A disk larger
-// than the free space of the state directory is ErrLimitReached (images are
-// sparse, so disks created earlier may still fill it later).
-func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Operation, error) {
-	size, err := roundSize(spec.SizeBytes)
-	if err != nil {
-		return cloud.Operation{}, err
-	}
-	if spec.Name == "" || len(spec.Name) > MaxNameBytes || !utf8.ValidString(spec.Name) {
-		return cloud.Operation{}, fmt.Errorf("disk name %q: empty, longer than %d bytes or not UTF-8: %w", spec.Name, MaxNameBytes, cloud.ErrInvalid)
-	}
-	zone, err := c.checkZone(spec.Zone)
-	if err != nil {
-		return cloud.Operation{}, err
-	}
-	var op cloud.Operation
-	err = c.locked(ctx, func() error {
-		started := c.opts.now()
-		disks, err := c.s.allDisks()
-		if err != nil {
-			return ioFailure("list disks", err)
-		}
-		for _, d := range disks {
-			if d.Name != spec.Name {
-				continue
-			}
-			if d.SizeBytes != size {
-				return fmt.Errorf("disk name %q is taken by %s (%d bytes): %w", spec.Name, d.ID, d.SizeBytes, cloud.ErrAlreadyExists)
-			}
-			op, err = c.record(cloud.OpCreate, diskID(d.ID), "", started, &d, nil)
-			return err
-		}
-		free, err := c.s.freeBytes()
-		if err != nil {
-			return ioFailure("free space", err)
-		}
-		if size > free {
-			return fmt.Errorf("%s has %d bytes free, the disk needs %d: %w", c.s.disks, free, size, cloud.ErrLimitReached)
-		}
-		id := newDiskID()
-		for {
-			if _, err := os.Lstat(c.s.imagePath(id)); errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			id = newDiskID() // 64 random bits collided: pick again
-		}
-		d := cloud.Disk{ID: string(id), Name: spec.Name, SizeBytes: size, Zone: zone, Tags: maps.Clone(spec.Tags), CreatedAt: started.UTC()}
-		if err := c.createImage(id, size); err != nil {
-			return c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure("create image", err))
-		}
-		c.s.hit("create:image-in-place")
-		if err := c.s.writeDisk(d); err != nil {
-			return c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure("write disk record", err))
-		}
-		c.s.hit("create:recorded")
-		op, err = c.record(cloud.OpCreate, id, "", started, &d, nil)
-		return err
-	})
-	return op, err
-}
-
-// recordedFailure records an operation that failed while running and makes
-// the call return it (with a nil error), so the failure is reported by
-// WaitOperation, as for any operation that was started.
-func (c *Cloud) recordedFailure(op *cloud.Operation, kind cloud.OpKind, id diskID, nodeID string, started time.Time, failed error) error {
-	var err error
-	*op, err = c.record(kind, id, nodeID, started, nil, failed)
-	return err
-}
-
-// createImage writes a sparse image of size bytes at its final name, via a
-// temporary name.
-func (c *Cloud) createImage(id diskID, size int64) error {
-	return replaceFile(c.s.disks, string(id)+imageSuffix,
-		func(f *os.File) error { return f.Truncate(size) },
-		func() { c.s.hit("create:image-synced") })
-}
-
-// DeleteDisk deletes a disk; see cloud.Cloud. The record goes first (the
-// disk no longer exists), then the image; a crash in between leaves an
-// image that Open removes. A loop device left bound to the image on this
-// machine is released first; one in use makes the call fail with
-// ErrAttached.
-func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operation, error) {
-	id, ok := parseDiskID(diskIDStr)
-	if !ok {
-		return cloud.Operation{}, invalidDiskID(diskIDStr)
-	}
-	var op cloud.Operation
-	err := c.locked(ctx, func() error {
-		started := c.opts.now()
-		d, err := c.s.readDisk(id)
-		if errors.Is(err, cloud.ErrNotFound) {
-			op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
-			return err
-		}
-		if err != nil {
-			return ioFailure("read disk", err)
-		}
-		if d.AttachedTo != "" {
-			return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
-		}
-		if err := c.releaseDevices(ctx, id); err != nil {
-			return err
-		}
-		if err := os.Remove(c.s.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
-		}
-		if err := syncDir(c.s.disks); err != nil {
-			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
-		}
-		c.s.hit("delete:record-removed")
-		// The disk is gone with its record. Should removing the image
-		// fail, the next Open removes it.
-		_ = os.Remove(c.s.imagePath(id))
-		_ = syncDir(c.s.disks)
-		op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
-		return err
-	})
-	return op, err
 }
 
 // GetDisk reports a disk; see cloud.Cloud. It takes no lock: records are
@@ -402,36 +284,6 @@ func (c *Cloud) ListDisks(ctx context.Context, opts cloud.ListOptions) (cloud.Di
 	return page, nil
 }
 
-// RegisterNode records a node of this machine with its attach limit (0: no
-// limit); see cloud.Registrar.
-func (c *Cloud) RegisterNode(ctx context.Context, node cloud.Node) error {
-	if err := checkNodeID(node.ID); err != nil {
-		return err
-	}
-	if node.MaxAttachments < 0 {
-		return fmt.Errorf("node %s: negative attach limit: %w", node.ID, cloud.ErrInvalid)
-	}
-	zone, err := c.checkZone(node.Zone)
-	if err != nil {
-		return err
-	}
-	node.Zone = zone
-	return c.locked(ctx, func() error {
-		nodes, err := c.s.readNodes()
-		if err != nil {
-			return ioFailure("read nodes", err)
-		}
-		if old, ok := nodes[node.ID]; ok && old == node {
-			return nil
-		}
-		nodes[node.ID] = node
-		if err := c.s.writeNodes(nodes); err != nil {
-			return ioFailure("write nodes", err)
-		}
-		return nil
-	})
-}
-
 // GetNode reports a registered node; see cloud.Cloud.
 func (c *Cloud) GetNode(ctx context.Context, nodeID string) (cloud.Node, error) {
 	if err := ctx.Err(); err != nil {
@@ -446,220 +298,6 @@ func (c *Cloud) GetNode(ctx context.Context, nodeID string) (cloud.Node, error) 
 		return cloud.Node{}, fmt.Errorf("node %q is not registered: %w", nodeID, cloud.ErrNotFound)
 	}
 	return n, nil
-}
-
-// AttachDisk records the attachment of a disk to a registered node; see
-// cloud.Cloud. The node's Host makes the loop device when asked for it.
-func (c *Cloud) AttachDisk(ctx context.Context, diskIDStr, nodeID string) (cloud.Operation, error) {
-	id, ok := parseDiskID(diskIDStr)
-	if !ok {
-		return cloud.Operation{}, invalidDiskID(diskIDStr)
-	}
-	if err := checkNodeID(nodeID); err != nil {
-		return cloud.Operation{}, err
-	}
-	var op cloud.Operation
-	err := c.locked(ctx, func() error {
-		started := c.opts.now()
-		nodes, err := c.s.readNodes()
-		if err != nil {
-			return ioFailure("read nodes", err)
-		}
-		node, ok := nodes[nodeID]
-		if !ok {
-			return fmt.Errorf("node %q is not registered: %w", nodeID, cloud.ErrNotFound)
-		}
-		d, err := c.s.readDisk(id)
-		if err != nil {
-			if errors.Is(err, cloud.ErrNotFound) {
-				return err
-			}
-			return ioFailure("read disk", err)
-		}
-		switch d.AttachedTo {
-		case nodeID:
-			op, err = c.record(cloud.OpAttach, id, nodeID, started, &d, nil)
-			return err
-		case "":
-		default:
-			return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
-		}
-		if node.MaxAttachments > 0 {
-			disks, err := c.s.allDisks()
-			if err != nil {
-				return ioFailure("list disks", err)
-			}
-			n := 0
-			for _, other := range disks {
-				if other.AttachedTo == nodeID {
-					n++
-				}
-			}
-			if n >= node.MaxAttachments {
-				return fmt.Errorf("node %s holds %d disks, its limit: %w", nodeID, n, cloud.ErrLimitReached)
-			}
-		}
-		d.AttachedTo = nodeID
-		if err := c.s.writeDisk(d); err != nil {
-			return c.recordedFailure(&op, cloud.OpAttach, id, nodeID, started, ioFailure("write disk record", err))
-		}
-		c.s.hit("attach:recorded")
-		op, err = c.record(cloud.OpAttach, id, nodeID, started, &d, nil)
-		return err
-	})
-	return op, err
-}
-
-// DetachDisk detaches a disk from a node; see cloud.Cloud. The loop device
-// of the disk on this machine is released first, as a cloud takes a disk
-// away from its instance; a device still in use (mounted) makes the call
-// fail with ErrTransient and the disk stays attached: unmount it and retry.
-func (c *Cloud) DetachDisk(ctx context.Context, diskIDStr, nodeID string) (cloud.Operation, error) {
-	id, ok := parseDiskID(diskIDStr)
-	if !ok {
-		return cloud.Operation{}, invalidDiskID(diskIDStr)
-	}
-	var op cloud.Operation
-	err := c.locked(ctx, func() error {
-		started := c.opts.now()
-		d, err := c.s.readDisk(id)
-		if errors.Is(err, cloud.ErrNotFound) {
-			op, err = c.record(cloud.OpDetach, id, nodeID, started, nil, nil)
-			return err
-		}
-		if err != nil {
-			return ioFailure("read disk", err)
-		}
-		if d.AttachedTo != nodeID {
-			op, err = c.record(cloud.OpDetach, id, nodeID, started, &d, nil)
-			return err
-		}
-		if err := c.releaseDevices(ctx, id); err != nil {
-			if errors.Is(err, loopdev.ErrBusy) {
-				return fmt.Errorf("disk %s is still in use on node %s (unmount it first): %v: %w", id, nodeID, err, cloud.ErrTransient)
-			}
-			return err
-		}
-		c.s.hit("detach:released")
-		d.AttachedTo = ""
-		if err := c.s.writeDisk(d); err != nil {
-			return c.recordedFailure(&op, cloud.OpDetach, id, nodeID, started, ioFailure("write disk record", err))
-		}
-		op, err = c.record(cloud.OpDetach, id, nodeID, started, &d, nil)
-		return err
-	})
-	return op, err
-}
-
-// ResizeDisk grows a detached disk; see cloud.Cloud. The image grows
-// (sparse) and is fsynced before the record says so; a crash in between
-// leaves an image larger than its record, which is harmless (the loop
-// device is capped at the recorded size) and the retry completes.
-func (c *Cloud) ResizeDisk(ctx context.Context, diskIDStr string, sizeBytes int64) (cloud.Operation, error) {
-	id, ok := parseDiskID(diskIDStr)
-	if !ok {
-		return cloud.Operation{}, invalidDiskID(diskIDStr)
-	}
-	size, err := roundSize(sizeBytes)
-	if err != nil {
-		return cloud.Operation{}, err
-	}
-	var op cloud.Operation
-	err = c.locked(ctx, func() error {
-		started := c.opts.now()
-		d, err := c.s.readDisk(id)
-		if err != nil {
-			if errors.Is(err, cloud.ErrNotFound) {
-				return err
-			}
-			return ioFailure("read disk", err)
-		}
-		if d.AttachedTo != "" {
-			return fmt.Errorf("disk %s is attached to %s, and this provider grows detached disks only: %w", id, d.AttachedTo, cloud.ErrAttached)
-		}
-		if size <= d.SizeBytes {
-			op, err = c.record(cloud.OpResize, id, "", started, &d, nil)
-			return err
-		}
-		free, err := c.s.freeBytes()
-		if err != nil {
-			return ioFailure("free space", err)
-		}
-		if size-d.SizeBytes > free {
-			return fmt.Errorf("%s has %d bytes free, growing %s needs %d: %w", c.s.disks, free, id, size-d.SizeBytes, cloud.ErrLimitReached)
-		}
-		// A device left bound to the image would keep the old size.
-		if err := c.releaseDevices(ctx, id); err != nil {
-			return err
-		}
-		if err := growImage(c.s.imagePath(id), size); err != nil {
-			return c.recordedFailure(&op, cloud.OpResize, id, "", started, ioFailure("grow image", err))
-		}
-		c.s.hit("resize:image-grown")
-		d.SizeBytes = size
-		if err := c.s.writeDisk(d); err != nil {
-			return c.recordedFailure(&op, cloud.OpResize, id, "", started, ioFailure("write disk record", err))
-		}
-		op, err = c.record(cloud.OpResize, id, "", started, &d, nil)
-		return err
-	})
-	return op, err
-}
-
-// UpdateDiskTags sets and removes tags of a disk; see cloud.Cloud. The
-// disk's record is rewritten crash-safely; a disk whose tags are already
-// so is not written.
-func (c *Cloud) UpdateDiskTags(ctx context.Context, diskIDStr string, tags map[string]string) (cloud.Operation, error) {
-	id, ok := parseDiskID(diskIDStr)
-	if !ok {
-		return cloud.Operation{}, invalidDiskID(diskIDStr)
-	}
-	if _, _, err := cloud.MergeTags(nil, tags); err != nil {
-		return cloud.Operation{}, err
-	}
-	var op cloud.Operation
-	err := c.locked(ctx, func() error {
-		started := c.opts.now()
-		d, err := c.s.readDisk(id)
-		if err != nil {
-			if errors.Is(err, cloud.ErrNotFound) {
-				return err
-			}
-			return ioFailure("read disk", err)
-		}
-		merged, changed, err := cloud.MergeTags(d.Tags, tags)
-		if err != nil {
-			return err
-		}
-		if changed {
-			d.Tags = merged
-			if err := c.s.writeDisk(d); err != nil {
-				return c.recordedFailure(&op, cloud.OpTag, id, "", started, ioFailure("write disk record", err))
-			}
-		}
-		op, err = c.record(cloud.OpTag, id, "", started, &d, nil)
-		return err
-	})
-	return op, err
-}
-
-// growImage extends an image to size bytes (never shrinks it) and fsyncs it.
-func growImage(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.Size() < size {
-		if err := f.Truncate(size); err != nil {
-			return err
-		}
-	}
-	return f.Sync()
 }
 
 // WaitOperation replays a recorded operation; see cloud.Cloud. Operations of

@@ -147,6 +147,7 @@ func checkInvariants(t *testing.T, dir string) {
 			t.Errorf("invariants: image %s has no record and survived Open", id)
 		}
 	}
+	checkIndexes(t, s, records)
 	for node, n := range attached {
 		if max := nodes[node].MaxAttachments; max > 0 && n > max {
 			t.Errorf("invariants: node %s holds %d disks, limit %d", node, n, max)
@@ -331,7 +332,7 @@ func TestTwoClientsCreateOneDisk(t *testing.T) {
 func TestLockHonoursContext(t *testing.T) {
 	dir := newDir(t)
 	a, b := open(t, dir, Options{}), open(t, dir, Options{})
-	unlock, err := a.s.lock(context.Background())
+	unlock, err := a.s.lock(context.Background(), nameKey(nameHash("pvc-1")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +445,7 @@ func TestRecordedErrorsKeepTheirType(t *testing.T) {
 	c := open(t, dir, Options{})
 	// An operation that failed while running, recorded as CreateDisk
 	// records one (running out of space for real needs a full file system).
-	unlock, err := c.s.lock(context.Background())
+	unlock, err := c.s.lock(context.Background(), diskKey("disk-00000000000000cc"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,6 +457,58 @@ func TestRecordedErrorsKeepTheirType(t *testing.T) {
 	c = open(t, dir, Options{})
 	if _, err := c.WaitOperation(context.Background(), op.ID); !errors.Is(err, cloud.ErrLimitReached) {
 		t.Fatalf("WaitOperation after a restart: %v, want ErrLimitReached", err)
+	}
+}
+
+// checkIndexes holds the indexes to the records, after Open: every disk has
+// its name entry and, when attached, its attachment entry; no entry is
+// stale.
+func checkIndexes(t *testing.T, s *state, records map[string]bool) {
+	t.Helper()
+	names, err := os.ReadDir(s.names)
+	if err != nil {
+		t.Errorf("invariants: %v", err)
+		return
+	}
+	named := map[diskID]bool{}
+	for _, e := range names {
+		id, ok, err := s.named(e.Name())
+		if err != nil || !ok {
+			t.Errorf("invariants: name entry %s: %v", e.Name(), err)
+			continue
+		}
+		d, err := s.readDisk(id)
+		if err != nil || nameHash(d.Name) != e.Name() {
+			t.Errorf("invariants: stale name entry %s -> %s (%+v, %v)", e.Name(), id, d, err)
+		}
+		named[id] = true
+	}
+	for id := range records {
+		if !named[diskID(id)] {
+			t.Errorf("invariants: disk %s has no name entry", id)
+		}
+		d, err := s.readDisk(diskID(id))
+		if err == nil && d.AttachedTo != "" {
+			if _, err := os.Lstat(filepath.Join(s.nodeDir(nodeHash(d.AttachedTo)), id)); err != nil {
+				t.Errorf("invariants: disk %s attached to %s has no attachment entry: %v", id, d.AttachedTo, err)
+			}
+		}
+	}
+	nodes, err := os.ReadDir(s.attached)
+	if err != nil {
+		t.Errorf("invariants: %v", err)
+		return
+	}
+	for _, n := range nodes {
+		ids, err := s.attachments(n.Name())
+		if err != nil {
+			t.Errorf("invariants: %v", err)
+		}
+		for _, id := range ids {
+			if stale, err := s.notAttachedTo(id, n.Name()); err != nil || stale {
+				t.Errorf("invariants: stale attachment entry %s/%s (%v)", n.Name(), id, err)
+			}
+		}
 	}
 }
 

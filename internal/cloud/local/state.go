@@ -17,23 +17,36 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/crash"
 )
 
-// The state directory:
+// The state directory (layout 2):
 //
-//	format              "csid-local 1": the layout version
-//	lock                flock(2) target serialising every writer
-//	nodes.json          registered nodes
-//	disks/<id>.img      disk image, a sparse file
-//	disks/<id>.json     disk record; the disk exists iff this file does
-//	disks/.tmp-*        writes in progress; removed at Open
-//	ops/<op-id>.json    operation records
+//	format                  "csid-local 2": the layout version
+//	lock                    the lock file (see locks.go)
+//	nodes.json              registered nodes
+//	disks/<id>.img          disk image, a sparse file
+//	disks/<id>.json         disk record; the disk exists iff this file does
+//	names/<name hash>       the name index: a symbolic link whose target is
+//	                        the id of the disk of that name (read with
+//	                        readlink, never followed)
+//	attached/<node hash>/<id>
+//	                        the attachment index: an empty file per disk
+//	                        attached to the node
+//	ops/<op-id>.json        operation records
+//	.tmp-<name>-*           a write of <name> in progress, in its directory
+//
+// Layout 1 had no indexes: every create read every record to find a name.
+// Open migrates it (see migrate).
 const (
 	formatFile  = "format"
-	formatMagic = "csid-local 1\n"
+	formatMagic = "csid-local 2\n"
+	format1     = "csid-local 1\n"
 	lockFile    = "lock"
 	nodesFile   = "nodes.json"
 	disksDir    = "disks"
+	namesDir    = "names"
+	attachedDir = "attached"
 	opsDir      = "ops"
 	tmpPrefix   = ".tmp-"
 	imageSuffix = ".img"
@@ -95,14 +108,13 @@ func opTime(id opID) time.Time {
 
 // state is the state directory, shared by every process that opens it.
 type state struct {
-	dir   string // absolute, symlinks resolved
-	disks string
-	ops   string
-	lockF *os.File
-	// sem serialises the goroutines of this process; the flock on lockF
-	// serialises processes (a flock is per open file, so it would also
-	// serialise goroutines, but by blocking threads in the kernel).
-	sem chan struct{}
+	dir      string // absolute, symlinks resolved
+	disks    string
+	names    string
+	attached string
+	ops      string
+	lockF    *os.File
+	locks    *locks
 	// crash, when set (tests only), is called at named points of the
 	// mutating paths.
 	crash func(point string)
@@ -123,131 +135,173 @@ func openState(dir string) (*state, error) {
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
 	s := newState(abs)
-	for _, d := range []string{s.disks, s.ops} {
+	for _, d := range []string{s.disks, s.names, s.attached, s.ops} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("local cloud: %w", err)
 		}
 	}
-	s.lockF, err = os.OpenFile(filepath.Join(abs, lockFile), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	s.lockF, err = os.OpenFile(filepath.Join(abs, lockFile), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
+	s.locks = newLocks(s.lockF)
 	return s, nil
 }
 
 // newState is the state directory at abs (absolute, symlinks resolved). It
 // opens and creates nothing.
 func newState(abs string) *state {
-	return &state{dir: abs, disks: filepath.Join(abs, disksDir), ops: filepath.Join(abs, opsDir), sem: make(chan struct{}, 1)}
+	return &state{
+		dir:      abs,
+		disks:    filepath.Join(abs, disksDir),
+		names:    filepath.Join(abs, namesDir),
+		attached: filepath.Join(abs, attachedDir),
+		ops:      filepath.Join(abs, opsDir),
+	}
 }
 
+// close releases the directory: closing the lock file drops the layout
+// lock and every key lock with it.
 func (s *state) close() error {
 	return s.lockF.Close()
 }
 
+// hit marks a crash point of the backend's own steps: the drills' (package
+// crash) and the unit crash test's.
 func (s *state) hit(point string) {
+	crash.Point(point)
 	if s.crash != nil {
 		s.crash(point)
 	}
 }
 
-// lock takes the state lock: first among this process's goroutines, then
-// among processes. It gives up when ctx ends.
-func (s *state) lock(ctx context.Context) (unlock func(), err error) {
-	select {
-	case s.sem <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+// lock takes the key locks of keys, in order; see locks.lock.
+func (s *state) lock(ctx context.Context, keys ...string) (unlock func(), err error) {
+	return s.locks.lock(ctx, keys...)
+}
+
+// flock takes the layout lock (unix.LOCK_SH or unix.LOCK_EX), polling so
+// that it gives up when ctx ends; nonblocking tries once.
+func (s *state) flock(ctx context.Context, how int, nonblocking bool) (bool, error) {
 	delay := 100 * time.Microsecond
 	for {
-		err := unix.Flock(int(s.lockF.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		err := unix.Flock(int(s.lockF.Fd()), how|unix.LOCK_NB)
 		if err == nil {
-			break
+			return true, nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			<-s.sem
-			return nil, fmt.Errorf("lock %s: %w", s.lockF.Name(), err)
+			return false, fmt.Errorf("lock %s: %w", s.lockF.Name(), err)
+		}
+		if nonblocking && errors.Is(err, unix.EWOULDBLOCK) {
+			return false, nil
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			<-s.sem
-			return nil, fmt.Errorf("waiting for the lock on %s: %w", s.dir, ctx.Err())
+			return false, fmt.Errorf("waiting for the lock on %s (a csid of another layout version holds it): %w", s.dir, ctx.Err())
 		case <-t.C:
 		}
 		delay = min(2*delay, 10*time.Millisecond)
 	}
-	return func() {
-		_ = unix.Flock(int(s.lockF.Fd()), unix.LOCK_UN)
-		<-s.sem
-	}, nil
 }
 
-// checkFormat writes the format marker of a new state directory, or checks
-// that of an existing one. The caller holds the lock.
-func (s *state) checkFormat() error {
-	err := readFormat(s.dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return writeFileAtomic(s.dir, formatFile, []byte(formatMagic))
+// open takes the layout lock shared for the life of the process, after
+// making the directory one of this layout: a new directory gets its
+// format marker, one of layout 1 is migrated. Both happen under the lock
+// taken exclusively, which no process of this layout can be holding
+// shared then (it would have written the marker), except another one
+// opening at the same moment: so the marker is read again under the
+// shared lock before each try.
+func (s *state) open(ctx context.Context) error {
+	for {
+		if _, err := s.flock(ctx, unix.LOCK_SH, false); err != nil {
+			return err
+		}
+		err := readFormat(s.dir)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, errFormat1) {
+			return err
+		}
+		if err := unix.Flock(int(s.lockF.Fd()), unix.LOCK_UN); err != nil {
+			return err
+		}
+		got, err := s.flock(ctx, unix.LOCK_EX, true)
+		if err != nil {
+			return err
+		}
+		if !got {
+			// Another process holds it: one of layout 1 changing
+			// something, or one of this layout opening. Look again.
+			if err := sleep(ctx, time.Millisecond); err != nil {
+				return err
+			}
+			continue
+		}
+		err = s.upgrade()
+		if err := unix.Flock(int(s.lockF.Fd()), unix.LOCK_UN); err != nil {
+			return err
+		}
+		if err != nil {
+			return err
+		}
 	}
-	return err
 }
+
+// upgrade writes the format marker of a new directory, or migrates one of
+// layout 1. The caller holds the layout lock exclusively.
+func (s *state) upgrade() error {
+	err := readFormat(s.dir)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errFormat1):
+		if err := s.migrate(); err != nil {
+			return fmt.Errorf("migrate from layout 1: %w", err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return err
+	}
+	return writeFileAtomic(s.dir, formatFile, []byte(formatMagic))
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// errFormat1: the directory is of layout 1, which Open migrates.
+var errFormat1 = errors.New("state directory of layout 1")
 
 // readFormat checks the format marker of the state directory dir. A
-// missing marker is an error wrapping os.ErrNotExist; another layout
-// version is an error naming it.
+// missing marker is an error wrapping os.ErrNotExist; layout 1 is
+// errFormat1; another layout version is an error naming it.
 func readFormat(dir string) error {
 	path := filepath.Join(dir, formatFile)
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	if string(raw) != formatMagic {
-		return fmt.Errorf("%s: %q is not a state directory layout this csid understands (%q)", path, strings.TrimSpace(string(raw)), strings.TrimSpace(formatMagic))
+	switch string(raw) {
+	case formatMagic:
+		return nil
+	case format1:
+		return fmt.Errorf("%s: %w", path, errFormat1)
 	}
-	return nil
+	return fmt.Errorf("%s: %q is not a state directory layout this csid understands (%q)", path, strings.TrimSpace(string(raw)), strings.TrimSpace(formatMagic))
 }
 
 func (s *state) imagePath(id diskID) string  { return filepath.Join(s.disks, string(id)+imageSuffix) }
 func (s *state) recordPath(id diskID) string { return filepath.Join(s.disks, string(id)+recSuffix) }
 func (s *state) opPath(id opID) string       { return filepath.Join(s.ops, string(id)+recSuffix) }
-
-// collectGarbage removes what a crash can leave behind: temporary files, and
-// images without a record (a create that never finished, or a delete that
-// removed the record and not yet the image). The caller holds the lock, so
-// no create or delete is in progress.
-func (s *state) collectGarbage() error {
-	for _, dir := range []string{s.dir, s.disks, s.ops} {
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			return err
-		}
-		names := make(map[string]bool, len(entries))
-		for _, e := range entries {
-			names[e.Name()] = true
-		}
-		for _, e := range entries {
-			name := e.Name()
-			orphan := strings.HasPrefix(name, tmpPrefix)
-			if dir == s.disks && strings.HasSuffix(name, imageSuffix) {
-				if id, ok := parseDiskID(strings.TrimSuffix(name, imageSuffix)); ok {
-					orphan = !names[string(id)+recSuffix]
-				}
-			}
-			if orphan {
-				if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-					return err
-				}
-			}
-		}
-		if err := syncDir(dir); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 type diskRecord struct {
 	Version int        `json:"version"`
@@ -290,13 +344,19 @@ func (s *state) diskIDs() ([]diskID, error) {
 // recordIDs lists, sorted, the ids of the records (<id>.json) in dir that
 // parse as ids; other files are passed over.
 func recordIDs[ID ~string](dir string, parse func(string) (ID, bool)) ([]ID, error) {
+	return listIDs(dir, recSuffix, parse)
+}
+
+// listIDs lists, sorted, the ids of the files <id><suffix> in dir that
+// parse as ids; other files are passed over.
+func listIDs[ID ~string](dir, suffix string, parse func(string) (ID, bool)) ([]ID, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
 	var ids []ID
 	for _, e := range entries {
-		name, ok := strings.CutSuffix(e.Name(), recSuffix)
+		name, ok := strings.CutSuffix(e.Name(), suffix)
 		if !ok {
 			continue
 		}
@@ -425,13 +485,38 @@ func (r *recordedErr) replay() error {
 	return errors.New(r.Message)
 }
 
+// writeOp stores an operation record, atomically but not durably: an
+// operation of this backend has finished when its call returns
+// (cloud.Operation.Done), so no caller needs its record after a crash of
+// the machine; one lost then reads as forgotten, as a pruned one does. The
+// caller holds the operation's key lock (temporary files are removed by
+// Open under it).
 func (s *state) writeOp(rec opRecord) error {
 	rec.Version = recordVersion
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(s.ops, rec.Op.ID+recSuffix, raw)
+	return replaceFileWith(s.ops, rec.Op.ID+recSuffix, func(f *os.File) error {
+		_, err := f.Write(raw)
+		return err
+	}, nil, false)
+}
+
+// writeOpLocked is writeOp under the operation's key lock.
+func (s *state) writeOpLocked(rec opRecord) error {
+	id, ok := parseOpID(rec.Op.ID)
+	if !ok {
+		return fmt.Errorf("operation id %q", rec.Op.ID)
+	}
+	// The key is new: only Open's collection of temporary files may hold
+	// it, for a moment.
+	unlock, err := s.lock(context.Background(), opKey(id))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.writeOp(rec)
 }
 
 func (s *state) readOp(id opID) (opRecord, error) {
@@ -441,6 +526,10 @@ func (s *state) readOp(id opID) (opRecord, error) {
 	}
 	if err != nil {
 		return opRecord{}, err
+	}
+	if len(raw) == 0 {
+		// Written, not yet on disk, when the machine went down (writeOp).
+		return opRecord{}, fmt.Errorf("operation %s (its record was lost in a crash of the machine): %w", id, cloud.ErrNotFound)
 	}
 	var rec opRecord
 	if err := json.Unmarshal(raw, &rec); err != nil {
@@ -454,7 +543,8 @@ func (s *state) readOp(id opID) (opRecord, error) {
 
 // pruneOps forgets finished operations that are both older than maxAge and
 // not among the newest keep. Ids sort by creation time, so no record needs
-// to be read. The caller holds the lock.
+// to be read. It takes no lock: an operation's record is written once, and
+// two processes pruning at once both remove what is old.
 func (s *state) pruneOps(now time.Time, keep int, maxAge time.Duration) error {
 	ids, err := recordIDs(s.ops, parseOpID)
 	if err != nil {
@@ -501,6 +591,13 @@ func writeFileAtomic(dir, name string, data []byte) error {
 // file, fsync it, rename it over the old one, fsync the directory. synced,
 // when not nil, is called between the fsync and the rename (a crash point).
 func replaceFile(dir, name string, fill func(*os.File) error, synced func()) error {
+	return replaceFileWith(dir, name, fill, synced, true)
+}
+
+// replaceFileWith is replaceFile, with the fsyncs only when durable: a
+// process killed at any point leaves the old file or the new one either
+// way; only a crash of the machine can lose a write that is not durable.
+func replaceFileWith(dir, name string, fill func(*os.File) error, synced func(), durable bool) error {
 	tmp, err := os.CreateTemp(dir, tmpPrefix+name+"-*")
 	if err != nil {
 		return err
@@ -510,9 +607,11 @@ func replaceFile(dir, name string, fill func(*os.File) error, synced func()) err
 		tmp.Close()
 		return err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
+	if durable {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return err
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return err
@@ -522,6 +621,9 @@ func replaceFile(dir, name string, fill func(*os.File) error, synced func()) err
 	}
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return syncDir(dir)
 }

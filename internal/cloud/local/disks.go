@@ -1,0 +1,329 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/crash"
+)
+
+// CreateDisk creates a disk; see cloud.Cloud. Under the lock of its name:
+// the name index is asked for the name (a disk of that name is the answer
+// to a repeated call); the new disk's id is entered under the name, the
+// image is made and fsynced, and only then is the record written: the disk
+// exists once its record does, and its name entry is durable before that,
+// so a crash can never leave a disk that a repeated call would not find. A
+// disk larger than the free space of the state directory is
+// ErrLimitReached (images are sparse, so disks created earlier may still
+// fill it later).
+func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Operation, error) {
+	size, err := roundSize(spec.SizeBytes)
+	if err != nil {
+		return cloud.Operation{}, err
+	}
+	if spec.Name == "" || len(spec.Name) > MaxNameBytes || !utf8.ValidString(spec.Name) {
+		return cloud.Operation{}, fmt.Errorf("disk name %q: empty, longer than %d bytes or not UTF-8: %w", spec.Name, MaxNameBytes, cloud.ErrInvalid)
+	}
+	zone, err := c.checkZone(spec.Zone)
+	if err != nil {
+		return cloud.Operation{}, err
+	}
+	hash := nameHash(spec.Name)
+	var op cloud.Operation
+	err = c.locked(ctx, func() error {
+		started := c.opts.now()
+		d, found, err := c.byName(hash, spec.Name)
+		if err != nil {
+			return err
+		}
+		if found {
+			if d.SizeBytes != size {
+				return fmt.Errorf("disk name %q is taken by %s (%d bytes): %w", spec.Name, d.ID, d.SizeBytes, cloud.ErrAlreadyExists)
+			}
+			op, err = c.record(cloud.OpCreate, diskID(d.ID), "", started, &d, nil)
+			return err
+		}
+		free, err := c.s.freeBytes()
+		if err != nil {
+			return ioFailure("free space", err)
+		}
+		if size > free {
+			return fmt.Errorf("%s has %d bytes free, the disk needs %d: %w", c.s.disks, free, size, cloud.ErrLimitReached)
+		}
+		d = cloud.Disk{ID: string(c.s.freshID()), Name: spec.Name, SizeBytes: size, Zone: zone, Tags: maps.Clone(spec.Tags), CreatedAt: started.UTC()}
+		// The new id's lock keeps Open's collection away from the image
+		// before the record is in place.
+		return c.locked(ctx, func() error {
+			op, err = c.createLocked(hash, d, started)
+			return err
+		}, diskKey(diskID(d.ID)))
+	}, nameKey(hash))
+	return op, err
+}
+
+// byName finds the disk named name through the name index. The caller
+// holds the name's lock. An entry whose disk is gone (a create or a delete
+// a crash cut short) is removed.
+func (c *Cloud) byName(hash, name string) (cloud.Disk, bool, error) {
+	id, ok, err := c.s.named(hash)
+	if err != nil || !ok {
+		return cloud.Disk{}, false, err
+	}
+	d, err := c.s.readDisk(id)
+	switch {
+	case errors.Is(err, cloud.ErrNotFound):
+		if err := c.s.dropName(hash); err != nil {
+			return cloud.Disk{}, false, ioFailure("remove a stale name entry", err)
+		}
+		return cloud.Disk{}, false, nil
+	case err != nil:
+		return cloud.Disk{}, false, ioFailure("read disk", err)
+	case d.Name != name:
+		return cloud.Disk{}, false, fmt.Errorf("name index %s points to disk %s, named %q, not %q: the state directory is damaged", c.s.namePath(hash), id, d.Name, name)
+	}
+	return d, true, nil
+}
+
+// freshID is a disk id nothing in the directory uses yet.
+func (s *state) freshID() diskID {
+	for {
+		id := newDiskID()
+		if _, err := os.Lstat(s.imagePath(id)); errors.Is(err, os.ErrNotExist) {
+			return id
+		}
+		// 64 random bits collided: pick again.
+	}
+}
+
+// createLocked makes disk d: name entry, image, record. The caller holds
+// the locks of its name and its id.
+func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
+	id := diskID(d.ID)
+	fail := func(what string, err error) (cloud.Operation, error) {
+		var op cloud.Operation
+		err = c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure(what, err))
+		return op, err
+	}
+	if err := c.s.name(hash, id); err != nil {
+		return fail("index the disk's name", err)
+	}
+	c.s.hit(crash.LocalCreateNamed)
+	if err := createImage(c.s.imagePath(id), d.SizeBytes); err != nil {
+		return fail("create image", err)
+	}
+	c.s.hit(crash.LocalCreateImage)
+	if err := c.s.writeDisk(d); err != nil {
+		return fail("write disk record", err)
+	}
+	c.s.hit(crash.LocalCreateRecorded)
+	return c.record(cloud.OpCreate, id, "", started, &d, nil)
+}
+
+// recordedFailure records an operation that failed while running and makes
+// the call return it (with a nil error), so the failure is reported by
+// WaitOperation, as for any operation that was started.
+func (c *Cloud) recordedFailure(op *cloud.Operation, kind cloud.OpKind, id diskID, nodeID string, started time.Time, failed error) error {
+	var err error
+	*op, err = c.record(kind, id, nodeID, started, nil, failed)
+	return err
+}
+
+// createImage makes a new sparse image of size bytes at path and fsyncs
+// it. Its directory entry is made durable with the record's, in the same
+// directory. An image left by a crash before the record is removed by
+// Open, as one without a record.
+func createImage(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
+	if err == nil {
+		err = f.Sync()
+	}
+	return errors.Join(err, f.Close())
+}
+
+// DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name
+// and its id, the record goes first (the disk no longer exists), then its
+// name entry and its image; a crash in between leaves an entry and an image
+// that the next create of the name, or Open, removes. A loop device left
+// bound to the image on this machine is released first; one in use makes
+// the call fail with ErrAttached.
+func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operation, error) {
+	id, ok := parseDiskID(diskIDStr)
+	if !ok {
+		return cloud.Operation{}, invalidDiskID(diskIDStr)
+	}
+	started := c.opts.now()
+	d, err := c.s.readDisk(id)
+	if errors.Is(err, cloud.ErrNotFound) {
+		// Nothing makes a disk of this id again: gone stays gone.
+		return c.recordLocked(ctx, cloud.OpDelete, id, "", started, nil)
+	}
+	if err != nil {
+		return cloud.Operation{}, ioFailure("read disk", err)
+	}
+	hash := nameHash(d.Name)
+	var op cloud.Operation
+	err = c.locked(ctx, func() error {
+		d, err := c.s.readDisk(id)
+		if errors.Is(err, cloud.ErrNotFound) {
+			op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
+			return err
+		}
+		if err != nil {
+			return ioFailure("read disk", err)
+		}
+		if d.AttachedTo != "" {
+			return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
+		}
+		if err := c.releaseDevices(ctx, id); err != nil {
+			return err
+		}
+		if err := os.Remove(c.s.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
+		}
+		if err := syncDir(c.s.disks); err != nil {
+			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
+		}
+		c.s.hit(crash.LocalDeleteRemoved)
+		// The disk is gone with its record. What is left if these fail
+		// is found stale and removed later.
+		_ = c.s.unname(hash, id)
+		_ = os.Remove(c.s.imagePath(id))
+		op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
+		return err
+	}, nameKey(hash), diskKey(id))
+	return op, err
+}
+
+// recordLocked records a finished operation under the disk's lock.
+func (c *Cloud) recordLocked(ctx context.Context, kind cloud.OpKind, id diskID, nodeID string, started time.Time, left *cloud.Disk) (cloud.Operation, error) {
+	var op cloud.Operation
+	err := c.locked(ctx, func() error {
+		var err error
+		op, err = c.record(kind, id, nodeID, started, left, nil)
+		return err
+	}, diskKey(id))
+	return op, err
+}
+
+// ResizeDisk grows a detached disk; see cloud.Cloud. The image grows
+// (sparse) and is fsynced before the record says so; a crash in between
+// leaves an image larger than its record, which is harmless (the loop
+// device is capped at the recorded size) and the retry completes.
+func (c *Cloud) ResizeDisk(ctx context.Context, diskIDStr string, sizeBytes int64) (cloud.Operation, error) {
+	id, ok := parseDiskID(diskIDStr)
+	if !ok {
+		return cloud.Operation{}, invalidDiskID(diskIDStr)
+	}
+	size, err := roundSize(sizeBytes)
+	if err != nil {
+		return cloud.Operation{}, err
+	}
+	var op cloud.Operation
+	err = c.locked(ctx, func() error {
+		started := c.opts.now()
+		d, err := c.s.readDisk(id)
+		if err != nil {
+			if errors.Is(err, cloud.ErrNotFound) {
+				return err
+			}
+			return ioFailure("read disk", err)
+		}
+		if d.AttachedTo != "" {
+			return fmt.Errorf("disk %s is attached to %s, and this provider grows detached disks only: %w", id, d.AttachedTo, cloud.ErrAttached)
+		}
+		if size <= d.SizeBytes {
+			op, err = c.record(cloud.OpResize, id, "", started, &d, nil)
+			return err
+		}
+		free, err := c.s.freeBytes()
+		if err != nil {
+			return ioFailure("free space", err)
+		}
+		if size-d.SizeBytes > free {
+			return fmt.Errorf("%s has %d bytes free, growing %s needs %d: %w", c.s.disks, free, id, size-d.SizeBytes, cloud.ErrLimitReached)
+		}
+		// A device left bound to the image would keep the old size.
+		if err := c.releaseDevices(ctx, id); err != nil {
+			return err
+		}
+		if err := growImage(c.s.imagePath(id), size); err != nil {
+			return c.recordedFailure(&op, cloud.OpResize, id, "", started, ioFailure("grow image", err))
+		}
+		c.s.hit(crash.LocalResizeGrown)
+		d.SizeBytes = size
+		if err := c.s.writeDisk(d); err != nil {
+			return c.recordedFailure(&op, cloud.OpResize, id, "", started, ioFailure("write disk record", err))
+		}
+		op, err = c.record(cloud.OpResize, id, "", started, &d, nil)
+		return err
+	}, diskKey(id))
+	return op, err
+}
+
+// UpdateDiskTags sets and removes tags of a disk; see cloud.Cloud. The
+// disk's record is rewritten crash-safely; a disk whose tags are already
+// so is not written.
+func (c *Cloud) UpdateDiskTags(ctx context.Context, diskIDStr string, tags map[string]string) (cloud.Operation, error) {
+	id, ok := parseDiskID(diskIDStr)
+	if !ok {
+		return cloud.Operation{}, invalidDiskID(diskIDStr)
+	}
+	if _, _, err := cloud.MergeTags(nil, tags); err != nil {
+		return cloud.Operation{}, err
+	}
+	var op cloud.Operation
+	err := c.locked(ctx, func() error {
+		started := c.opts.now()
+		d, err := c.s.readDisk(id)
+		if err != nil {
+			if errors.Is(err, cloud.ErrNotFound) {
+				return err
+			}
+			return ioFailure("read disk", err)
+		}
+		merged, changed, err := cloud.MergeTags(d.Tags, tags)
+		if err != nil {
+			return err
+		}
+		if changed {
+			d.Tags = merged
+			if err := c.s.writeDisk(d); err != nil {
+				return c.recordedFailure(&op, cloud.OpTag, id, "", started, ioFailure("write disk record", err))
+			}
+		}
+		op, err = c.record(cloud.OpTag, id, "", started, &d, nil)
+		return err
+	}, diskKey(id))
+	return op, err
+}
+
+// growImage extends an image to size bytes (never shrinks it) and fsyncs it.
+func growImage(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() < size {
+		if err := f.Truncate(size); err != nil {
+			return err
+		}
+	}
+	return f.Sync()
+}

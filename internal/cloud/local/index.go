@@ -1,0 +1,158 @@
+package local
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// The indexes answer, without reading every record, the two questions a
+// change asks about other disks: which disk has this name (CreateDisk is
+// idempotent by name), and how many disks a node holds (AttachDisk keeps
+// its limit). Both are hints kept behind the records: an entry is written
+// before the record that needs it and removed after the record that
+// stops needing it, so a crash can leave a stale entry (checked against the
+// records when it is read, removed by Open) but never a record without its
+// entry.
+
+// nameHash is a disk name's key in the name index: names are any UTF-8 up
+// to MaxNameBytes, never a path.
+func nameHash(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return hex.EncodeToString(sum[:])
+}
+
+// nodeHash is a node id's key in the attachment index.
+func nodeHash(node string) string {
+	sum := sha256.Sum256([]byte(node))
+	return hex.EncodeToString(sum[:16])
+}
+
+func (s *state) namePath(hash string) string { return filepath.Join(s.names, hash) }
+func (s *state) nodeDir(hash string) string  { return filepath.Join(s.attached, hash) }
+
+// named reads the name index: the disk the entry of hash points to, or
+// false when there is no entry. An entry that is not a link to a
+// well-formed id is damage, reported.
+func (s *state) named(hash string) (diskID, bool, error) {
+	target, err := os.Readlink(s.namePath(hash))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("name index %s: %w", s.namePath(hash), err)
+	}
+	id, ok := parseDiskID(target)
+	if !ok {
+		return "", false, fmt.Errorf("name index %s points to %q, not a disk id", s.namePath(hash), target)
+	}
+	return id, true, nil
+}
+
+// name enters the disk id under hash in the name index, durably. The
+// caller holds the name's lock and has removed any stale entry.
+func (s *state) name(hash string, id diskID) error {
+	if err := os.Symlink(string(id), s.namePath(hash)); err != nil {
+		return err
+	}
+	return syncDir(s.names)
+}
+
+// unname removes the entry of hash if it points to id. The caller holds
+// the name's lock. It is not made durable: an entry that comes back after
+// a power loss is stale, and treated so.
+func (s *state) unname(hash string, id diskID) error {
+	got, ok, err := s.named(hash)
+	if err != nil || !ok || got != id {
+		return err
+	}
+	if err := os.Remove(s.namePath(hash)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// dropName removes the entry of hash whatever it points to. The caller
+// holds the name's lock and found the entry stale.
+func (s *state) dropName(hash string) error {
+	if err := os.Remove(s.namePath(hash)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// attachments lists the disks the attachment index has for a node.
+func (s *state) attachments(hash string) ([]diskID, error) {
+	ids, err := listIDs(s.nodeDir(hash), "", parseDiskID)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return ids, err
+}
+
+// indexAttachment enters disk id under node hash, durably. The caller
+// holds the disk's lock.
+func (s *state) indexAttachment(hash string, id diskID) error {
+	dir := s.nodeDir(hash)
+	switch err := os.Mkdir(dir, 0o700); {
+	case err == nil:
+		if err := syncDir(s.attached); err != nil {
+			return err
+		}
+	case !errors.Is(err, os.ErrExist):
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, string(id)), os.O_WRONLY|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// unindexAttachment removes disk id from node hash's entries. The caller
+// holds the disk's lock. It is not made durable: an entry that comes back
+// is stale, and found so when the node is at its limit.
+func (s *state) unindexAttachment(hash string, id diskID) error {
+	err := os.Remove(filepath.Join(s.nodeDir(hash), string(id)))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// migrate builds the indexes of a directory of layout 1 from its records.
+// The caller holds the layout lock exclusively: nothing else changes the
+// directory meanwhile.
+func (s *state) migrate() error {
+	disks, err := s.allDisks()
+	if err != nil {
+		return err
+	}
+	for _, d := range disks {
+		id := diskID(d.ID)
+		hash := nameHash(d.Name)
+		if got, ok, err := s.named(hash); err != nil {
+			return err
+		} else if ok && got != id {
+			return fmt.Errorf("disks %s and %s are both named %q", got, id, d.Name)
+		} else if !ok {
+			if err := os.Symlink(string(id), s.namePath(hash)); err != nil {
+				return err
+			}
+		}
+		if d.AttachedTo != "" {
+			if err := s.indexAttachment(nodeHash(d.AttachedTo), id); err != nil {
+				return err
+			}
+		}
+	}
+	return syncDir(s.names)
+}
