@@ -2,7 +2,10 @@ package app_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,6 +14,7 @@ import (
 
 	"github.com/csid-dev/csid/internal/bench"
 	"github.com/csid-dev/csid/internal/cloud/fake"
+	"github.com/csid-dev/csid/internal/hostscrub"
 	"github.com/csid-dev/csid/internal/loopdev"
 	"github.com/csid-dev/csid/internal/testutil"
 )
@@ -183,5 +187,69 @@ func checkFloorLeftNothing(t *testing.T, dir string) {
 	}
 	for _, m := range mountsUnder(t, dir) {
 		t.Errorf("mount left at %s", m)
+	}
+}
+
+// TestBenchRecoversKilledFloor: a run killed in the middle of a sample of
+// the mkfs+mount floor leaves its scratch directory in the floor directory
+// with the image bound to a loop device, formatted and mounted, and its
+// journal naming the directory. The next run against the same endpoint
+// (here --cleanup-only) unmounts it, releases the device, removes the
+// directory and the journal.
+func TestBenchRecoversKilledFloor(t *testing.T) {
+	testutil.RequireRoot(t)
+	in, _ := startFake(t, fake.New(fake.Options{Zones: []string{"fake"}}), nil)
+	floorDir, journals := t.TempDir(), t.TempDir()
+	scratch := filepath.Join(floorDir, "csid-bench-0badf00d")
+	leaveMountedImage(t, scratch)
+	header := fmt.Sprintf(`{"endpoint":%q,"size_bytes":%d,"access_type":"mount","fs_type":"ext4","pid":1}`, in.Socket, 64<<20)
+	journal := filepath.Join(journals, "0badf00d.journal")
+	if err := os.WriteFile(journal, []byte(header+"\n"+fmt.Sprintf(`{"scratch":%q}`, scratch)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if len(mountsUnder(t, floorDir)) != 1 {
+		t.Fatal("the killed run's mount is not there to recover")
+	}
+	cfg := mkfsFloorConfig(t, in.Socket, floorDir)
+	cfg.JournalDir, cfg.CleanupOnly = journals, true
+	if _, err := bench.Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	checkFloorLeftNothing(t, floorDir)
+	if _, err := os.Stat(journal); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the killed run's journal is still there: %v", err)
+	}
+}
+
+// leaveMountedImage leaves in dir what a run killed right after a sample's
+// mount leaves: the floor's bbolt file, and its image on a loop device,
+// formatted and mounted on dir/mnt.
+func leaveMountedImage(t *testing.T, dir string) {
+	t.Helper()
+	for _, d := range []string{dir, filepath.Join(dir, "mnt")} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "floor.db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	img, err := os.OpenFile(filepath.Join(dir, "image"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	if err := img.Truncate(64 << 20); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := loopdev.Attach(context.Background(), img, loopdev.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hostscrub.Scrub(context.Background(), dir) }) // if the test fails
+	for _, cmd := range [][]string{{"mkfs.ext4", "-q", dev.Path}, {"mount", "-t", "ext4", dev.Path, filepath.Join(dir, "mnt")}} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
 	}
 }

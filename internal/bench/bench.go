@@ -116,9 +116,10 @@ type Config struct {
 	// FloorSamples is the Probe and bbolt samples of the floor per round
 	// (default 200).
 	FloorSamples int
-	// FloorDir is where the floor's bbolt file and the mkfs+mount floor's
-	// image are made (default the temporary directory): put it on the
-	// driver's state file system to compare like with like.
+	// FloorDir is where the floors work, in a directory of the run's own
+	// (the bbolt file, the mkfs+mount floor's image; see scratch.go),
+	// default the temporary directory: put it on the driver's state file
+	// system to compare like with like.
 	FloorDir string
 	// MkfsFloorSamples is the mkfs+mount samples of the floor per round
 	// (default 10; negative: none). Each binds a sparse file of SizeBytes in
@@ -248,6 +249,8 @@ type runner struct {
 	errs    []string
 	nerrs   int
 	deleted int
+	// scratchLeft: the floors' scratch directory could not be removed.
+	scratchLeft bool
 }
 
 // Run runs the benchmark and cleans up after it. ctx ending (Ctrl-C)
@@ -292,7 +295,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	start := time.Now()
-	runErr := r.rounds(ctx)
+	runErr := r.rounds(ctx, id)
 	r.report.ElapsedSeconds = time.Since(start).Seconds()
 	r.report.Interrupted = ctx.Err() != nil
 	cleanErr := r.cleanup(cctx)
@@ -443,18 +446,27 @@ func (r *runner) prepareDirs() (func(), error) {
 // rounds runs every round: the floor, then each phase on every lane (each
 // endpoint at each concurrency), interleaved (see measure); right before
 // the lifecycle phase, the mkfs+mount floor.
-func (r *runner) rounds(ctx context.Context) error {
-	db, err := openFloor(r.cfg.FloorDir)
+func (r *runner) rounds(ctx context.Context, id string) (err error) {
+	scratch, err := r.makeScratch(id)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := removeScratch(scratch); rerr != nil {
+			r.scratchLeft = true // the journal keeps it for the next run
+			err = errors.Join(err, rerr)
+		}
+	}()
+	db, err := openFloor(scratch)
 	if err != nil {
 		return err
 	}
 	defer db.close()
 	r.report.Floor.Dir, r.report.Floor.FSType = r.cfg.FloorDir, fsType(r.cfg.FloorDir)
-	mf, err := r.openMkfsFloor()
+	mf, err := r.openMkfsFloor(scratch)
 	if err != nil {
 		return err
 	}
-	defer mf.close()
 	for round := 1; round <= r.cfg.Rounds && ctx.Err() == nil; round++ {
 		r.add(r.floor(ctx, round, db))
 		lanes := r.lanes(r.cfg.Concurrency)

@@ -59,7 +59,8 @@ func (r *runner) cleanup(ctx context.Context) error {
 
 // verify counts what the run created on ep, asks ListVolumes (if ep has
 // it) which of those are left, and closes ep's journal, removing it when
-// nothing of ep is left.
+// nothing of ep is left (for the endpoint under test, nor the floors'
+// scratch directory).
 func (r *runner) verify(ctx context.Context, ep *endpoint) error {
 	c := &r.report.Cleanup
 	r.mu.Lock()
@@ -88,7 +89,7 @@ func (r *runner) verify(ctx context.Context, ep *endpoint) error {
 		r.mu.Unlock()
 	}
 	clean := remaining == 0 && leftover == 0
-	ep.jrnl.close(clean)
+	ep.jrnl.close(clean && !(ep == r.eps[0] && r.scratchLeft))
 	if !clean {
 		return fmt.Errorf("%d volumes of this run on %s could not be deleted (%d still listed); the journal %s keeps them for the next run (csid bench --cleanup-only)",
 			remaining, ep.role(), leftover, ep.jrnl.path)
@@ -111,7 +112,9 @@ func (r *runner) recoverDeadRuns(ctx context.Context) error {
 // recoverDeadRunsOf cleans up after runs against ep that were killed
 // before their own cleanup: it tears down the volumes their journals name
 // (finding a volume whose create was in flight by creating it again by
-// name, which is idempotent) and removes the journals it emptied.
+// name, which is idempotent), undoes what their floors left (a mounted
+// image on a loop device: see recoverScratch), and removes the journals it
+// emptied.
 func (r *runner) recoverDeadRunsOf(ctx context.Context, ep *endpoint) error {
 	runs, err := deadRuns(r.cfg.JournalDir, ep.addr)
 	if err != nil {
@@ -151,10 +154,17 @@ func (r *runner) recoverDeadRunsOf(ctx context.Context, ep *endpoint) error {
 				return nil
 			})
 		failed := int(failures.Load())
-		if failed == 0 {
-			_ = os.Remove(d.path)
-		} else {
+		var scratchErr error
+		if d.scratch != "" {
+			if scratchErr = recoverScratch(ctx, d.scratch); scratchErr != nil {
+				errs = append(errs, fmt.Errorf("the floors of the killed run in %s: %w", d.path, scratchErr))
+			}
+		}
+		switch {
+		case failed > 0:
 			errs = append(errs, fmt.Errorf("%d volumes of the killed run in %s could not be cleaned up", failed, d.path))
+		case scratchErr == nil:
+			_ = os.Remove(d.path)
 		}
 		d.f.Close()
 		r.report.Cleanup.Recovered += len(vols) - failed

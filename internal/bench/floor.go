@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -23,14 +24,9 @@ type floorDB struct {
 
 var floorBucket = []byte("floor")
 
-func openFloor(dir string) (*floorDB, error) {
-	f, err := os.CreateTemp(dir, "csid-bench-floor-*.db")
-	if err != nil {
-		return nil, fmt.Errorf("floor file: %w", err)
-	}
-	path := f.Name()
-	f.Close()
-	_ = os.Remove(path) // bbolt initialises a file it creates
+// openFloor makes the floor's bbolt file in the run's scratch directory.
+func openFloor(scratch string) (*floorDB, error) {
+	path := filepath.Join(scratch, scratchDB)
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
 		return nil, fmt.Errorf("floor file: %w", err)

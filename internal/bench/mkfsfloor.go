@@ -30,35 +30,30 @@ const (
 // device go (udev may hold it open for a moment after the unmount).
 const releaseTimeout = 30 * time.Second
 
-// mkfsFloor is the mkfs+mount floor's scratch space: a directory of its
-// own in Config.FloorDir (the driver's state file system), holding the
-// image each sample makes and removes, and the directory it is mounted on.
-// Nothing else is ever touched: the image is created exclusively, and the
-// mount point is unmounted only where a sample mounted it.
+// mkfsFloor is where the mkfs+mount floor works, in the run's scratch
+// directory (on the driver's state file system): the image each sample
+// makes and removes, and the directory it is mounted on. Nothing else is
+// ever touched: the image is created exclusively, and the mount point is
+// unmounted only where a sample mounted it.
 type mkfsFloor struct {
-	dir, image, mnt string
-	size            int64
-	fsType          string
+	image, mnt string
+	size       int64
+	fsType     string
 }
 
-// openMkfsFloor makes the mkfs+mount floor's scratch directory when the
-// run measures that floor; otherwise it records why not (when the
-// lifecycle runs: the floor belongs to it) and returns nil.
-func (r *runner) openMkfsFloor() (*mkfsFloor, error) {
+// openMkfsFloor makes the mkfs+mount floor's mount point in the scratch
+// directory when the run measures that floor; otherwise it records why not
+// (when the lifecycle runs: the floor belongs to it) and returns nil.
+func (r *runner) openMkfsFloor(scratch string) (*mkfsFloor, error) {
 	if why := r.mkfsFloorAbsent(); why != "" {
 		if slices.Contains(r.cfg.Phases, PhaseLifecycle) {
 			r.report.Floor.MkfsMountAbsent = why
 		}
 		return nil, nil
 	}
-	dir, err := os.MkdirTemp(r.cfg.FloorDir, "csid-bench-mkfs-*")
-	if err != nil {
-		return nil, fmt.Errorf("mkfs+mount floor: %w", err)
-	}
-	f := &mkfsFloor{dir: dir, image: filepath.Join(dir, "image"), mnt: filepath.Join(dir, "mnt"),
+	f := &mkfsFloor{image: filepath.Join(scratch, scratchImage), mnt: filepath.Join(scratch, scratchMount),
 		size: r.cfg.SizeBytes, fsType: r.cfg.FsType}
 	if err := os.Mkdir(f.mnt, 0o700); err != nil {
-		_ = os.Remove(dir)
 		return nil, fmt.Errorf("mkfs+mount floor: %w", err)
 	}
 	return f, nil
@@ -85,18 +80,6 @@ func (r *runner) mkfsFloorAbsent() string {
 		return fmt.Sprintf("%s is not installed: %v", name, err)
 	}
 	return ""
-}
-
-// close removes the scratch directory. It is nil-safe. It removes only
-// the entries it knows, one by one: a mount left by a failed unmount makes
-// it fail rather than delete the mounted filesystem's contents.
-func (f *mkfsFloor) close() {
-	if f == nil {
-		return
-	}
-	_ = os.Remove(f.image) // a sample removes it; this is for one whose removal failed
-	_ = os.Remove(f.mnt)
-	_ = os.Remove(f.dir)
 }
 
 // mkfsFloor measures the mkfs+mount floor of a round: MkfsFloorSamples
