@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/csid-dev/csid/internal/bench"
 	"github.com/csid-dev/csid/internal/cloud/fake"
@@ -147,8 +147,11 @@ func TestBenchMkfsFloorInterrupted(t *testing.T) {
 	floorDir := t.TempDir()
 	cfg := mkfsFloorConfig(t, in.Socket, floorDir)
 	cfg.MkfsFloorSamples = 10000 // minutes: the interruption comes first
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// Ctrl-C once the progress line shows the floor (its first redraw,
+	// 200 ms into it: some samples done, one running).
+	cfg.Progress = &cancelOn{what: []byte("floor mkfs+mount"), cancel: cancel}
 	rep, err := bench.Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -160,6 +163,19 @@ func TestBenchMkfsFloorInterrupted(t *testing.T) {
 		t.Errorf("mkfs+mount floor %+v: want the samples made before the interruption", fl)
 	}
 	checkFloorLeftNothing(t, floorDir)
+}
+
+// cancelOn is a progress writer that cancels when a line shows what.
+type cancelOn struct {
+	what   []byte
+	cancel context.CancelFunc
+}
+
+func (w *cancelOn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, w.what) {
+		w.cancel()
+	}
+	return len(p), nil
 }
 
 // checkFloorLeftNothing checks that a run left nothing in its floor
