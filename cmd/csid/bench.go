@@ -32,9 +32,18 @@ throughput and latency of each RPC, phase by phase:
 
 Every round starts with the floor, measured at concurrency 1: Probe's round
 trip on the same endpoint and a bare bbolt commit in --floor-dir (point it at
-the driver's state file system). With several --concurrency values, each phase
-runs at each, in slices that alternate between them (so the machine's drifting
-load hits them alike), and the report gives their ratios round by round.
+the driver's state file system). As root, with the lifecycle phase and mount
+volumes, each round's lifecycle comes right after the floor of a stage: a
+sparse file of --size in --floor-dir bound to a loop device, formatted with
+mkfs and mounted as csid does (the timed part), then unmounted, released and
+removed. With several --concurrency values, each phase runs at each, in
+slices that alternate between them (so the machine's drifting load hits them
+alike), and the report gives their ratios round by round.
+
+With --baseline-endpoint, a second driver is measured in the same run: every
+phase runs on both, in alternating slices like the concurrencies, and the
+report gives the ratio of the endpoint's rate over the baseline's, round by
+round (the floors are measured on --endpoint only).
 
 Only what the driver advertises is called (controller publish with
 PUBLISH_UNPUBLISH_VOLUME, stage with STAGE_UNSTAGE_VOLUME). Volume names start
@@ -55,6 +64,10 @@ const benchExample = `  # csid on the fake backend, in the background
   csid bench --endpoint unix:///tmp/csid-fake/csi.sock --floor-dir /tmp/csid-fake \
     --concurrency 1,8 --rounds 5 --existing 5000 --plot bench.svg
 
+  # csid on the local backend against csid on the fake backend, in one run
+  csid bench --endpoint /tmp/csid-local/csi.sock --baseline-endpoint /tmp/csid-fake/csi.sock \
+    --floor-dir /tmp/csid-local --phases scale --existing 0 -c 1,8 --rounds 3
+
   # only the lifecycle, as JSON
   csid bench --endpoint /var/lib/kubelet/plugins/csid.csi.dev/csi.sock --phases lifecycle -o json`
 
@@ -63,6 +76,7 @@ type benchOptions struct {
 	cfg                bench.Config
 	phases             []string
 	size, output, plot string
+	mkfsFloorSamples   int
 	progress           bool
 }
 
@@ -84,6 +98,7 @@ func newBench() *cobra.Command {
 func (o *benchOptions) flags(f *pflag.FlagSet) {
 	cfg := &o.cfg
 	f.StringVar(&cfg.Endpoint, "endpoint", "", "the driver's CSI endpoint: unix:///path, /path or host:port (default unix://<./csid-data>/csi.sock)")
+	f.StringVar(&cfg.Baseline, "baseline-endpoint", "", "a second driver's CSI endpoint, measured in the same run, interleaved: the report gives the endpoint's rates over its")
 	f.StringSliceVar(&o.phases, "phases", []string{"probe", "create", "delete", "lifecycle", "scale"}, "phases to run, in this order")
 	f.IntSliceVarP(&cfg.Concurrency, "concurrency", "c", []int{8}, "workers; several values (1,8) measure each phase at each")
 	f.IntVarP(&cfg.Count, "count", "n", 100, "units per measurement: calls, lifecycles or create+delete pairs")
@@ -100,7 +115,8 @@ func (o *benchOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&cfg.Prefix, "prefix", "csid-bench-", "start of every volume name (a random run id follows)")
 	f.DurationVar(&cfg.Timeout, "timeout", 0, "bound of each RPC (default 2m)")
 	f.IntVar(&cfg.FloorSamples, "floor-samples", 200, "Probe and bbolt samples of the floor per round")
-	f.StringVar(&cfg.FloorDir, "floor-dir", "", "directory of the floor's bbolt file: the driver's state dir's file system (default: the temporary directory)")
+	f.StringVar(&cfg.FloorDir, "floor-dir", "", "directory of the floors' bbolt file and image: the driver's state dir's file system (default: the temporary directory)")
+	f.IntVar(&o.mkfsFloorSamples, "mkfs-floor-samples", 10, "mkfs+mount samples of the stage's floor per round (root, lifecycle, mount volumes; 0: none)")
 	f.StringVar(&cfg.JournalDir, "journal-dir", "", "where runs journal their volumes (default ~/.cache/csid-bench)")
 	f.BoolVar(&cfg.CleanupOnly, "cleanup-only", false, "only clean up after killed runs against --endpoint")
 	f.StringVarP(&o.output, "output", "o", "table", "report format: table or json")
@@ -115,6 +131,12 @@ func (o *benchOptions) run(cmd *cobra.Command) error {
 	var err error
 	if cfg.SizeBytes, err = bench.ParseSize(o.size); err != nil {
 		return err
+	}
+	cfg.MkfsFloorSamples = o.mkfsFloorSamples
+	if o.mkfsFloorSamples == 0 {
+		cfg.MkfsFloorSamples = -1 // the library's "none"; its 0 is "the default"
+	} else if o.mkfsFloorSamples < 0 {
+		return fmt.Errorf("--mkfs-floor-samples %d: not negative", o.mkfsFloorSamples)
 	}
 	for _, p := range o.phases {
 		cfg.Phases = append(cfg.Phases, bench.Phase(p))

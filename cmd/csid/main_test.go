@@ -28,7 +28,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(runAsCSID) == "1" {
 		main() // exits with run's code
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	removeStartupFixtures()
+	os.Exit(code)
 }
 
 // process is a csid child process.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,7 +34,7 @@ var lifecycleRPCs = []string{"CreateVolume", "ControllerPublishVolume", "NodeSta
 // benchConfig is a small run against an in-process csid.
 func benchConfig(t *testing.T, in *apptest.Instance) bench.Config {
 	return bench.Config{Endpoint: in.Socket, Concurrency: []int{1, 2}, Count: 4, Existing: 10, Rounds: 2,
-		FloorSamples: 5, FloorDir: in.Dir, JournalDir: t.TempDir(), SizeBytes: 64 << 20}
+		FloorSamples: 5, MkfsFloorSamples: 2, FloorDir: in.Dir, JournalDir: t.TempDir(), SizeBytes: 64 << 20}
 }
 
 // TestBenchAgainstFake runs every phase of the bench library against csid
@@ -73,19 +74,31 @@ func TestBenchAgainstLocal(t *testing.T) {
 }
 
 // checkComplete checks that a report has every measurement a config asks
-// for, without errors.
+// for (all phases, mount volumes), without errors. As root, the floors
+// include mkfs+mount.
 func checkComplete(t *testing.T, rep *bench.Report, cfg bench.Config) {
 	t.Helper()
 	if !rep.OK() || rep.Errors.Count != 0 {
 		t.Fatalf("run not clean: %+v %+v", rep.Errors, rep.Cleanup)
 	}
-	perRound := 1 + len(cfg.Concurrency)*6 // floor; probe, create, delete, lifecycle, scale twice
+	mkfs := 0 // mkfs+mount floors per round
+	if os.Geteuid() == 0 {
+		mkfs = 1
+	}
+	measured := rep.Floor.MkfsMount != nil
+	if measured != (mkfs == 1) || measured != (rep.Floor.MkfsMountAbsent == "") {
+		t.Errorf("mkfs+mount floor measured %v (root: %v), absent because %q", measured, mkfs == 1, rep.Floor.MkfsMountAbsent)
+	}
+	perRound := 1 + mkfs + len(cfg.Concurrency)*6 // floors; probe, create, delete, lifecycle, scale twice
 	if len(rep.Results) != cfg.Rounds*perRound {
 		t.Fatalf("%d results, want %d", len(rep.Results), cfg.Rounds*perRound)
 	}
 	for _, r := range rep.Results {
 		want := cfg.Count
-		if r.Phase == "floor" {
+		switch {
+		case r.Phase == "floor" && r.Unit == "mkfs+mount":
+			want = cfg.MkfsFloorSamples
+		case r.Phase == "floor":
 			want = cfg.FloorSamples
 		}
 		if r.Count != want || r.Errors != 0 || r.OpsPerSecond <= 0 || len(r.RPCs) == 0 {
@@ -101,11 +114,14 @@ func checkComplete(t *testing.T, rep *bench.Report, cfg bench.Config) {
 		if r.Phase == "lifecycle" && !slices.Equal(methods, lifecycleRPCs) {
 			t.Errorf("lifecycle RPCs %v, want %v", methods, lifecycleRPCs)
 		}
+		if r.Unit == "mkfs+mount" && !slices.Equal(methods, []string{"mkfs+mount", "mkfs", "mount"}) {
+			t.Errorf("mkfs+mount floor RPCs %v", methods)
+		}
 		if r.Phase == "scale" && r.Existing != 0 && r.Existing != cfg.Existing {
 			t.Errorf("scale measured with %d existing volumes, want %d", r.Existing, cfg.Existing)
 		}
 	}
-	if want := 1 + len(cfg.Concurrency)*6; len(rep.Summary) != want {
+	if want := 1 + mkfs + len(cfg.Concurrency)*6; len(rep.Summary) != want {
 		t.Errorf("%d summary entries, want %d", len(rep.Summary), want)
 	}
 	if rep.Floor.Probe.P50 <= 0 || rep.Floor.BoltUpdate.P50 <= 0 || rep.Floor.Dir != cfg.FloorDir {
@@ -122,8 +138,8 @@ func checkComplete(t *testing.T, rep *bench.Report, cfg bench.Config) {
 	if len(cfg.Concurrency) > 1 {
 		wantConc = 6 // probe, create, delete, lifecycle, scale with and without existing volumes
 	}
-	if kinds["concurrency"] != wantConc || kinds["existing"] != len(cfg.Concurrency) {
-		t.Errorf("ratios by kind %v, want %d concurrency and %d existing", kinds, wantConc, len(cfg.Concurrency))
+	if kinds["concurrency"] != wantConc || kinds["existing"] != len(cfg.Concurrency) || kinds["floor"] != mkfs*len(cfg.Concurrency) {
+		t.Errorf("ratios by kind %v, want %d concurrency, %d existing and %d floor", kinds, wantConc, len(cfg.Concurrency), mkfs*len(cfg.Concurrency))
 	}
 }
 
@@ -229,7 +245,9 @@ func TestBenchRecoversKilledRun(t *testing.T) {
 // golden file, with every measured number set to 0 and the run's own
 // strings (endpoint, prefix, times, directories) replaced. Run with
 // -update to rewrite it after a deliberate change (and bump bench.Schema
-// if a field was renamed or removed).
+// if a field was renamed or removed). The golden file is a run as root,
+// with the mkfs+mount floor; without root, that floor's parts are left out
+// of both sides.
 func TestBenchReportJSON(t *testing.T) {
 	in, _ := startFake(t, fake.New(fake.Options{Zones: []string{"fake"}}), nil)
 	cfg := benchConfig(t, in)
@@ -242,33 +260,71 @@ func TestBenchReportJSON(t *testing.T) {
 	if err := rep.WriteJSON(&buf); err != nil {
 		t.Fatal(err)
 	}
-	var doc any
+	var doc map[string]any
 	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
 		t.Fatal(err)
 	}
-	floor := doc.(map[string]any)["floor"].(map[string]any)
+	floor := doc["floor"].(map[string]any)
 	floor["fs_type"] = "<fs_type>" // the floor directory's file system: the machine's
+	normalise("", doc)
+	golden := filepath.Join("testdata", "bench-report.golden.json")
+	if *update {
+		testutil.RequireRoot(t)
+		if err := os.WriteFile(golden, encodeGolden(t, doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantDoc map[string]any
+	if err := json.Unmarshal(raw, &wantDoc); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() != 0 {
+		withoutMkfsFloor(doc)
+		withoutMkfsFloor(wantDoc)
+	}
+	got, want := encodeGolden(t, doc), encodeGolden(t, wantDoc)
+	if !bytes.Equal(got, want) {
+		t.Errorf("the JSON report differs from %s (go test -run TestBenchReportJSON -update ./internal/app to accept):\n%s", golden, got)
+	}
+}
+
+// encodeGolden encodes a report as the golden file holds it.
+func encodeGolden(t *testing.T, doc map[string]any) []byte {
+	t.Helper()
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(normalise("", doc)); err != nil {
+	if err := enc.Encode(doc); err != nil {
 		t.Fatal(err)
 	}
-	got := out.Bytes()
-	golden := filepath.Join("testdata", "bench-report.golden.json")
-	if *update {
-		if err := os.WriteFile(golden, got, 0o644); err != nil {
-			t.Fatal(err)
+	return out.Bytes()
+}
+
+// withoutMkfsFloor removes from a JSON report what only a run as root has
+// (the mkfs+mount floor: its figures, results, summary entry and ratios),
+// and the reason a run without root gives for its absence.
+func withoutMkfsFloor(doc map[string]any) {
+	floor := doc["floor"].(map[string]any)
+	delete(floor, "mkfs_mount")
+	delete(floor, "mkfs_mount_absent")
+	drop := func(key string, gone func(map[string]any) bool) {
+		var kept []any
+		for _, e := range doc[key].([]any) {
+			if !gone(e.(map[string]any)) {
+				kept = append(kept, e)
+			}
 		}
+		doc[key] = kept
 	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("the JSON report differs from %s (go test -run TestBenchReportJSON -update ./internal/app to accept):\n%s", golden, got)
-	}
+	mkfs := func(e map[string]any) bool { return e["unit"] == "mkfs+mount" }
+	drop("results", mkfs)
+	drop("summary", mkfs)
+	drop("ratios", func(e map[string]any) bool { return e["kind"] == "floor" })
 }
 
 // normalise zeroes measured numbers and replaces run-specific strings.
@@ -298,4 +354,64 @@ func normalise(key string, v any) any {
 		}
 	}
 	return v
+}
+
+// TestBenchAgainstBaseline runs every phase against two csids on the fake
+// backend in one run, the one under test with CreateVolume made 40 ms
+// slower: each measurement is made on both (marked apart in the report),
+// the report names the baseline, the ratios of each endpoint's own shape
+// are there for both, and the "endpoint" ratios (the endpoint's rate over
+// the baseline's, per phase, concurrency and existing volumes, one per
+// round) show the slower creates. Both drivers are left empty, and both
+// journals removed.
+func TestBenchAgainstBaseline(t *testing.T) {
+	in, c := startFake(t, fake.New(fake.Options{Zones: []string{"fake"}}), map[cloud.OpKind]time.Duration{cloud.OpCreate: 40 * time.Millisecond})
+	base, bc := startFake(t, fake.New(fake.Options{Zones: []string{"fake"}}), nil)
+	cfg := benchConfig(t, in)
+	cfg.Baseline, cfg.MkfsFloorSamples = base.Socket, -1
+	rep, err := bench.Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("run not clean: %+v %+v", rep.Errors, rep.Cleanup)
+	}
+	if rep.Baseline == nil || rep.Baseline.Endpoint != base.Socket || rep.Target.Endpoint != in.Socket {
+		t.Fatalf("target %+v, baseline %+v", rep.Target, rep.Baseline)
+	}
+	perRound := 1 + 2*len(cfg.Concurrency)*6 // the floor; probe, create, delete, lifecycle, scale twice, on each endpoint
+	if len(rep.Results) != cfg.Rounds*perRound {
+		t.Fatalf("%d results, want %d", len(rep.Results), cfg.Rounds*perRound)
+	}
+	measured := map[bool]int{}
+	for _, r := range rep.Results {
+		if r.Phase != "floor" {
+			measured[r.Baseline]++
+		}
+		if r.Count != cfg.Count && r.Phase != "floor" || r.Errors != 0 || r.OpsPerSecond <= 0 {
+			t.Errorf("result %+v", r)
+		}
+	}
+	if measured[false] != measured[true] {
+		t.Errorf("measurements of the endpoint and the baseline: %v", measured)
+	}
+	kinds := map[string]int{}
+	for _, q := range rep.Ratios {
+		kinds[fmt.Sprint(q.Kind, q.Baseline)]++
+		if len(q.PerRound) != cfg.Rounds || q.Value <= 0 {
+			t.Errorf("ratio %+v: want one per round", q)
+		}
+		// A create (or create+delete) of the baseline takes a few ms.
+		if q.Kind == "endpoint" && (q.Phase == "create" || q.Phase == "scale") && q.Value >= 0.5 {
+			t.Errorf("endpoint ratio %+v: creates 40 ms slower on the endpoint, want well under 1", q)
+		}
+	}
+	want := map[string]int{"concurrencyfalse": 6, "concurrencytrue": 6, "existingfalse": 2, "existingtrue": 2, "endpointfalse": 12}
+	if !maps.Equal(kinds, want) {
+		t.Errorf("ratios by kind %v, want %v", kinds, want)
+	}
+	checkClean(t, rep, c, cfg.JournalDir)
+	if list := apptest.R(bc.ListVolumes(context.Background(), &csi.ListVolumesRequest{})).Must(t); len(list.Entries) != 0 {
+		t.Errorf("%d volumes left on the baseline", len(list.Entries))
+	}
 }

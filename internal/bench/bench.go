@@ -1,10 +1,12 @@
 // Package bench is a load generator that speaks CSI to any endpoint (csid
 // or another driver): it measures the throughput and the latency of each
 // RPC in phases (probe, create, delete, the full lifecycle of a volume, and
-// create+delete with many volumes around), beside a floor measured in the
-// same run (the gRPC round trip of Probe, and a bare bbolt commit), and
-// cleans up every volume it created, also after Ctrl-C, and after a run
-// that was killed (see journal). `csid bench` is a thin command around Run.
+// create+delete with many volumes around), beside floors measured in the
+// same run (the gRPC round trip of Probe, a bare bbolt commit, and a bare
+// mkfs + mount of a volume's size), optionally against a second driver (a
+// baseline) measured in the same run, and cleans up every volume it
+// created, also after Ctrl-C, and after a run that was killed (see
+// journal). `csid bench` is a thin command around Run.
 //
 // Only what the driver advertises is called: ControllerPublish and
 // ControllerUnpublish with PUBLISH_UNPUBLISH_VOLUME, NodeStage and
@@ -12,6 +14,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -28,10 +31,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 )
 
 // Phase is one kind of measurement.
@@ -54,9 +53,10 @@ const (
 	// measured with no volumes of the run around and with Existing volumes
 	// created beforehand (untimed), alternately.
 	PhaseScale Phase = "scale"
-	// PhaseFloor is the floor measured at the start of every round, at
-	// concurrency 1: Probe's round trip and a bare bbolt commit,
-	// interleaved. It is always measured.
+	// PhaseFloor is a floor, measured at concurrency 1 in every round:
+	// at its start, Probe's round trip and a bare bbolt commit,
+	// interleaved (always measured); right before the lifecycle phase, a
+	// bare mkfs + mount of a volume's size (see Config.MkfsFloorSamples).
 	PhaseFloor Phase = "floor"
 )
 
@@ -68,6 +68,13 @@ type Config struct {
 	// Endpoint is the driver's gRPC address: unix:///path, /path, or
 	// host:port.
 	Endpoint string
+	// Baseline, if set, is a second driver's address, measured in the same
+	// run: every phase runs on both, their slices interleaved like the
+	// concurrencies', and the report adds ratios of Endpoint's rates over
+	// Baseline's ("endpoint"). The floors are measured on Endpoint only;
+	// NodeID applies to Endpoint only (the baseline publishes to its
+	// NodeGetInfo's node).
+	Baseline string
 	// Phases to run (default all, in Phases order).
 	Phases []Phase
 	// Concurrency lists the numbers of workers to run each phase with
@@ -109,10 +116,19 @@ type Config struct {
 	// FloorSamples is the Probe and bbolt samples of the floor per round
 	// (default 200).
 	FloorSamples int
-	// FloorDir is where the floor's bbolt file is made (default the
-	// temporary directory): put it on the driver's state file system to
-	// compare like with like.
+	// FloorDir is where the floors work, in a directory of the run's own
+	// (the bbolt file, the mkfs+mount floor's image; see scratch.go),
+	// default the temporary directory: put it on the driver's state file
+	// system to compare like with like.
 	FloorDir string
+	// MkfsFloorSamples is the mkfs+mount samples of the floor per round
+	// (default 10; negative: none). Each binds a sparse file of SizeBytes in
+	// FloorDir to a loop device, formats it as csid does (mkfs.FsType with
+	// csid's options) and mounts it (mount(8), csid's arguments): the timed
+	// part; then unmounts it, releases the device and removes the file. It
+	// is measured only as root, when the lifecycle phase runs with the
+	// mount access type (Report.Floor.MkfsMountAbsent says why not).
+	MkfsFloorSamples int
 	// JournalDir keeps the journals of runs (default
 	// $XDG_CACHE_HOME/csid-bench, or ~/.cache/csid-bench).
 	JournalDir string
@@ -152,6 +168,8 @@ func (c *Config) defaults() error {
 	switch {
 	case c.Count < 0, c.Existing < 0, c.Rounds < 0, c.Slices < 0, c.SizeBytes < 0, c.FloorSamples < 0:
 		return errors.New("counts, rounds and sizes must not be negative")
+	case c.Baseline != "" && grpcTarget(c.Baseline) == grpcTarget(c.Endpoint):
+		return fmt.Errorf("the baseline %s is the endpoint itself", c.Baseline)
 	}
 	if c.Count == 0 {
 		c.Count = 100
@@ -181,6 +199,9 @@ func (c *Config) defaults() error {
 	if c.FloorSamples == 0 {
 		c.FloorSamples = 200
 	}
+	if c.MkfsFloorSamples == 0 {
+		c.MkfsFloorSamples = 10
+	}
 	if c.FloorDir == "" {
 		c.FloorDir = os.TempDir()
 	}
@@ -194,32 +215,11 @@ func (c *Config) defaults() error {
 	return nil
 }
 
-// caps is what the driver advertises, as far as the bench cares.
-type caps struct {
-	controller, createDelete, publish, list bool
-	node, stage                             bool
-	topology                                bool
-}
-
-func (c caps) names() []string {
-	var out []string
-	for _, x := range []struct {
-		on   bool
-		name string
-	}{{c.controller, "CONTROLLER_SERVICE"}, {c.topology, "VOLUME_ACCESSIBILITY_CONSTRAINTS"},
-		{c.createDelete, "CREATE_DELETE_VOLUME"}, {c.publish, "PUBLISH_UNPUBLISH_VOLUME"}, {c.list, "LIST_VOLUMES"},
-		{c.node, "NODE_SERVICE"}, {c.stage, "STAGE_UNSTAGE_VOLUME"}} {
-		if x.on {
-			out = append(out, x.name)
-		}
-	}
-	return out
-}
-
 // volume is a volume the run made, and what it may have done to it: a
 // flag is set before the call that might do it and cleared after the
 // call that undoes it, so the cleanup undoes whatever may have happened.
 type volume struct {
+	ep              *endpoint
 	name, id        string
 	staging, target string
 	ctrlPublished   bool
@@ -227,42 +227,30 @@ type volume struct {
 	published       bool
 }
 
+// lane is one series of a measurement: an endpoint at a concurrency.
+type lane struct {
+	ep   *endpoint
+	conc int
+}
+
 // runner is one run.
 type runner struct {
 	cfg    Config
-	csi    client
-	caps   caps
-	vc     *csi.VolumeCapability
-	header journalHeader // the creation arguments, also of the journal
+	eps    []*endpoint // the endpoint under test, then the baseline
 	prefix string
 	seed   uint64 // scatters the names of the run
 	seq    atomic.Uint64
 	report *Report
 	prog   *progress
-	jrnl   *journal
 
 	mu      sync.Mutex
 	live    map[string]*volume // created or being created, not deleted
-	ids     map[string]bool    // every id the run created
-	pending map[int][]*volume  // made by the create phase, by concurrency, for the delete phase
+	pending map[lane][]*volume // made by the create phase, for the delete phase
 	errs    []string
 	nerrs   int
 	deleted int
-}
-
-// client speaks CSI.
-type client struct {
-	csi.IdentityClient
-	csi.ControllerClient
-	csi.NodeClient
-}
-
-// grpcTarget turns an endpoint into a gRPC target.
-func grpcTarget(endpoint string) string {
-	if strings.HasPrefix(endpoint, "/") {
-		return "unix://" + endpoint
-	}
-	return endpoint
+	// scratchLeft: the floors' scratch directory could not be removed.
+	scratchLeft bool
 }
 
 // Run runs the benchmark and cleans up after it. ctx ending (Ctrl-C)
@@ -274,15 +262,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(grpcTarget(cfg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("endpoint %s: %w", cfg.Endpoint, err)
-	}
-	defer conn.Close()
-	r := &runner{cfg: cfg, csi: client{csi.NewIdentityClient(conn), csi.NewControllerClient(conn), csi.NewNodeClient(conn)},
-		prog: newProgress(cfg.Progress), live: map[string]*volume{}, ids: map[string]bool{}, pending: map[int][]*volume{},
+	r := &runner{cfg: cfg, prog: newProgress(cfg.Progress), live: map[string]*volume{}, pending: map[lane][]*volume{},
 		report: &Report{Schema: Schema, StartedAt: time.Now().UTC().Truncate(time.Second)}}
-	if err := r.discover(ctx); err != nil {
+	defer r.disconnect()
+	if err := r.connect(ctx); err != nil {
 		return nil, err
 	}
 	cctx, cancel := cleanupContext(ctx, cfg.Abandon)
@@ -294,8 +277,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.summarise()
 		return r.report, nil
 	}
-	if err := r.checkPhases(); err != nil {
-		return nil, err
+	for _, ep := range r.eps {
+		if err := ep.checkPhases(r.cfg.Phases); err != nil {
+			return nil, err
+		}
 	}
 	cleanupDirs, err := r.prepareDirs()
 	if err != nil {
@@ -306,16 +291,92 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.prefix = cfg.Prefix + id + "-"
 	r.seed, _ = strconv.ParseUint(id, 16, 64)
 	r.report.Config.Prefix = r.prefix
-	if r.jrnl, err = createJournal(cfg.JournalDir, id, r.header); err != nil {
+	if err := r.createJournals(id); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	runErr := r.rounds(ctx)
+	runErr := r.rounds(ctx, id)
 	r.report.ElapsedSeconds = time.Since(start).Seconds()
 	r.report.Interrupted = ctx.Err() != nil
 	cleanErr := r.cleanup(cctx)
 	r.summarise()
 	return r.report, errors.Join(runErr, cleanErr)
+}
+
+// connect dials the endpoint and the baseline, and asks each who it is and
+// what it serves.
+func (r *runner) connect(ctx context.Context) error {
+	addrs := []string{r.cfg.Endpoint}
+	if r.cfg.Baseline != "" {
+		addrs = append(addrs, r.cfg.Baseline)
+	}
+	for i, addr := range addrs {
+		ep, err := dial(addr, i > 0)
+		if err != nil {
+			return err
+		}
+		r.eps = append(r.eps, ep)
+		nodeID := r.cfg.NodeID
+		if ep.baseline {
+			nodeID = ""
+		}
+		dctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+		err = ep.discover(dctx, &r.cfg, nodeID)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	r.report.Target = r.eps[0].info
+	if len(r.eps) > 1 {
+		baseline := r.eps[1].info
+		r.report.Baseline = &baseline
+	}
+	r.report.Config = ReportConfig{Phases: phaseNames(r.cfg.Phases), Concurrency: r.cfg.Concurrency, Count: r.cfg.Count,
+		Existing: r.cfg.Existing, Rounds: r.cfg.Rounds, Slices: r.slices(r.lanes(r.cfg.Concurrency)), SizeBytes: r.cfg.SizeBytes,
+		AccessType: r.cfg.AccessType, FsType: r.cfg.FsType, TimeoutSeconds: r.cfg.Timeout.Seconds()}
+	return nil
+}
+
+// disconnect closes the endpoints' connections.
+func (r *runner) disconnect() {
+	for _, ep := range r.eps {
+		ep.conn.Close()
+	}
+}
+
+// createJournals makes the journal of each endpoint: run id's, and the
+// baseline's beside it.
+func (r *runner) createJournals(id string) error {
+	for _, ep := range r.eps {
+		name := id
+		if ep.baseline {
+			name += "-baseline"
+		}
+		j, err := createJournal(r.cfg.JournalDir, name, ep.header)
+		if err != nil {
+			for _, made := range r.eps {
+				if made.jrnl != nil {
+					made.jrnl.close(true) // nothing created yet
+					made.jrnl = nil
+				}
+			}
+			return err
+		}
+		ep.jrnl = j
+	}
+	return nil
+}
+
+// lanes are the series of a measurement at concs: each endpoint at each.
+func (r *runner) lanes(concs []int) []lane {
+	var out []lane
+	for _, ep := range r.eps {
+		for _, c := range concs {
+			out = append(out, lane{ep, c})
+		}
+	}
+	return out
 }
 
 // cleanupContext outlives ctx (Ctrl-C stops the measurements, not the
@@ -340,99 +401,12 @@ func runID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// discover asks the driver who it is and what it serves, and the node's id
-// and topology.
-func (r *runner) discover(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-	defer cancel()
-	info, err := r.csi.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
-	if err != nil {
-		return fmt.Errorf("GetPluginInfo on %s: %w", r.cfg.Endpoint, err)
-	}
-	pc, err := r.csi.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
-	if err != nil {
-		return fmt.Errorf("GetPluginCapabilities: %w", err)
-	}
-	for _, c := range pc.GetCapabilities() {
-		switch c.GetService().GetType() {
-		case csi.PluginCapability_Service_CONTROLLER_SERVICE:
-			r.caps.controller = true
-		case csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS:
-			r.caps.topology = true
-		}
-	}
-	if cc, err := r.csi.ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{}); err == nil {
-		for _, c := range cc.GetCapabilities() {
-			switch c.GetRpc().GetType() {
-			case csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME:
-				r.caps.createDelete = true
-			case csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME:
-				r.caps.publish = true
-			case csi.ControllerServiceCapability_RPC_LIST_VOLUMES:
-				r.caps.list = true
-			}
-		}
-	} else if status.Code(err) != codes.Unimplemented {
-		return fmt.Errorf("ControllerGetCapabilities: %w", err)
-	}
-	var topology map[string]string
-	if nc, err := r.csi.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{}); err == nil {
-		r.caps.node = true
-		for _, c := range nc.GetCapabilities() {
-			if c.GetRpc().GetType() == csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME {
-				r.caps.stage = true
-			}
-		}
-		ni, err := r.csi.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
-		if err != nil {
-			return fmt.Errorf("NodeGetInfo: %w", err)
-		}
-		if r.cfg.NodeID == "" {
-			r.cfg.NodeID = ni.GetNodeId()
-		}
-		if r.caps.topology {
-			topology = ni.GetAccessibleTopology().GetSegments()
-		}
-	} else if status.Code(err) != codes.Unimplemented {
-		return fmt.Errorf("NodeGetCapabilities: %w", err)
-	}
-	r.header = journalHeader{Endpoint: r.cfg.Endpoint, NodeID: r.cfg.NodeID, Topology: topology, SizeBytes: r.cfg.SizeBytes,
-		AccessType: r.cfg.AccessType, FsType: r.cfg.FsType, Parameters: r.cfg.Parameters, PID: os.Getpid()}
-	r.vc = capability(r.header)
-	r.report.Target = Target{Endpoint: r.cfg.Endpoint, Driver: info.GetName(), Version: info.GetVendorVersion(),
-		NodeID: r.cfg.NodeID, Capabilities: r.caps.names()}
-	r.report.Config = ReportConfig{Phases: phaseNames(r.cfg.Phases), Concurrency: r.cfg.Concurrency, Count: r.cfg.Count,
-		Existing: r.cfg.Existing, Rounds: r.cfg.Rounds, Slices: r.slices(r.cfg.Concurrency), SizeBytes: r.cfg.SizeBytes, AccessType: r.cfg.AccessType,
-		FsType: r.cfg.FsType, TimeoutSeconds: r.cfg.Timeout.Seconds()}
-	if r.caps.list {
-		ids, err := r.listIDs(ctx)
-		if err != nil {
-			return err
-		}
-		r.report.Target.VolumesBefore = len(ids)
-	}
-	return nil
-}
-
 func phaseNames(ps []Phase) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {
 		out[i] = string(p)
 	}
 	return out
-}
-
-// checkPhases refuses phases the driver cannot serve.
-func (r *runner) checkPhases() error {
-	for _, p := range r.cfg.Phases {
-		if p != PhaseProbe && !r.caps.createDelete {
-			return fmt.Errorf("phase %s needs CREATE_DELETE_VOLUME, which %s does not advertise", p, r.cfg.Endpoint)
-		}
-		if p == PhaseLifecycle && !r.caps.node {
-			return fmt.Errorf("phase lifecycle needs the Node service, which %s does not serve", r.cfg.Endpoint)
-		}
-	}
-	return nil
 }
 
 // prepareDirs makes the staging and target base directories; the returned
@@ -469,50 +443,44 @@ func (r *runner) prepareDirs() (func(), error) {
 	}, nil
 }
 
-// capability is the volume capability of a run.
-func capability(h journalHeader) *csi.VolumeCapability {
-	vc := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
-	if h.AccessType == "block" {
-		vc.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
-	} else {
-		vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: h.FsType}}
+// rounds runs every round: the floor, then each phase on every lane (each
+// endpoint at each concurrency), interleaved (see measure); right before
+// the lifecycle phase, the mkfs+mount floor.
+func (r *runner) rounds(ctx context.Context, id string) (err error) {
+	scratch, err := r.makeScratch(id)
+	if err != nil {
+		return err
 	}
-	return vc
-}
-
-// createRequest is the CreateVolume of a volume: the same for a run and
-// for whoever cleans up after it (CreateVolume is idempotent by name only
-// for identical arguments).
-func createRequest(name string, h journalHeader) *csi.CreateVolumeRequest {
-	req := &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: h.SizeBytes},
-		VolumeCapabilities: []*csi.VolumeCapability{capability(h)}, Parameters: h.Parameters}
-	if len(h.Topology) > 0 {
-		t := &csi.Topology{Segments: h.Topology}
-		req.AccessibilityRequirements = &csi.TopologyRequirement{Requisite: []*csi.Topology{t}, Preferred: []*csi.Topology{t}}
-	}
-	return req
-}
-
-// rounds runs every round: the floor, then each phase at every
-// concurrency, interleaved (see measure).
-func (r *runner) rounds(ctx context.Context) error {
-	db, err := openFloor(r.cfg.FloorDir)
+	defer func() {
+		if rerr := removeScratch(scratch); rerr != nil {
+			r.scratchLeft = true // the journal keeps it for the next run
+			err = errors.Join(err, rerr)
+		}
+	}()
+	db, err := openFloor(scratch)
 	if err != nil {
 		return err
 	}
 	defer db.close()
 	r.report.Floor.Dir, r.report.Floor.FSType = r.cfg.FloorDir, fsType(r.cfg.FloorDir)
+	mf, err := r.openMkfsFloor(scratch)
+	if err != nil {
+		return err
+	}
 	for round := 1; round <= r.cfg.Rounds && ctx.Err() == nil; round++ {
 		r.add(r.floor(ctx, round, db))
-		concs := slices.Clone(r.cfg.Concurrency)
+		lanes := r.lanes(r.cfg.Concurrency)
 		if round%2 == 0 {
-			slices.Reverse(concs)
+			slices.Reverse(lanes)
 		}
 		for _, p := range Phases {
 			if !slices.Contains(r.cfg.Phases, p) || ctx.Err() != nil {
 				continue
 			}
-			for _, res := range r.phase(ctx, p, round, concs) {
+			if p == PhaseLifecycle && mf != nil {
+				r.add(r.mkfsFloor(ctx, round, mf))
+			}
+			for _, res := range r.phase(ctx, p, round, lanes) {
 				r.add(res)
 			}
 		}
@@ -524,28 +492,28 @@ func (r *runner) add(res Result) {
 	r.report.Results = append(r.report.Results, res)
 }
 
-// phase runs one phase at each concurrency; it returns a result per
-// concurrency (per concurrency and number of existing volumes for scale).
-func (r *runner) phase(ctx context.Context, p Phase, round int, concs []int) []Result {
+// phase runs one phase on every lane; it returns a result per lane (per
+// lane and number of existing volumes for scale).
+func (r *runner) phase(ctx context.Context, p Phase, round int, lanes []lane) []Result {
 	base := Result{Phase: string(p), Round: round, Count: r.cfg.Count}
 	switch p {
 	case PhaseProbe:
 		base.Unit = "Probe"
-		return r.measure(ctx, base, concs, func(ctx context.Context, s *samples, _, _ int) error {
+		return r.measure(ctx, base, lanes, func(ctx context.Context, s *samples, ln lane, _ int) error {
 			return r.call(ctx, s, "Probe", func(ctx context.Context) error {
-				_, err := r.csi.Probe(ctx, &csi.ProbeRequest{})
+				_, err := ln.ep.csi.Probe(ctx, &csi.ProbeRequest{})
 				return err
 			})
 		})
 	case PhaseCreate:
 		base.Unit = "CreateVolume"
-		return r.measure(ctx, base, concs, func(ctx context.Context, s *samples, conc, _ int) error {
-			v := r.newVolume(false)
+		return r.measure(ctx, base, lanes, func(ctx context.Context, s *samples, ln lane, _ int) error {
+			v := r.newVolume(ln.ep, false)
 			if err := r.create(ctx, s, v); err != nil {
 				return err
 			}
 			r.mu.Lock()
-			r.pending[conc] = append(r.pending[conc], v)
+			r.pending[ln] = append(r.pending[ln], v)
 			r.mu.Unlock()
 			return nil
 		})
@@ -553,76 +521,89 @@ func (r *runner) phase(ctx context.Context, p Phase, round int, concs []int) []R
 		base.Unit = "DeleteVolume"
 		r.mu.Lock()
 		vols := r.pending
-		r.pending = map[int][]*volume{}
+		r.pending = map[lane][]*volume{}
 		r.mu.Unlock()
-		for _, conc := range concs {
-			if missing := r.cfg.Count - len(vols[conc]); missing > 0 {
-				label := fmt.Sprintf("round %d delete c=%d: creating %d volumes to delete", round, conc, missing)
-				vols[conc] = append(vols[conc], r.createUntimed(ctx, missing, conc, label)...)
+		for _, ln := range lanes {
+			if missing := r.cfg.Count - len(vols[ln]); missing > 0 {
+				label := fmt.Sprintf("round %d delete c=%d%s: creating %d volumes to delete", round, ln.conc, ln.ep.suffix(), missing)
+				vols[ln] = append(vols[ln], r.createUntimed(ctx, ln.ep, missing, ln.conc, label)...)
 			}
 		}
-		return r.measure(ctx, base, concs, func(ctx context.Context, s *samples, conc, i int) error {
-			if i >= len(vols[conc]) {
+		return r.measure(ctx, base, lanes, func(ctx context.Context, s *samples, ln lane, i int) error {
+			if i >= len(vols[ln]) {
 				return fmt.Errorf("no volume to delete (their creation failed)")
 			}
-			return r.delete(ctx, s, vols[conc][i])
+			return r.delete(ctx, s, vols[ln][i])
 		})
 	case PhaseLifecycle:
 		base.Unit = "lifecycle"
-		return r.measure(ctx, base, concs, r.lifecycle)
+		return r.measure(ctx, base, lanes, r.lifecycle)
 	case PhaseScale:
-		return r.scale(ctx, base, concs)
+		return r.scale(ctx, base, lanes)
 	}
 	return nil
 }
 
 // scale measures create+delete pairs without the run's volumes around and
-// with Existing of them, in an order that alternates from round to round
-// (odd: none first; even: Existing first), creating the Existing volumes
-// before and deleting them after their measurement.
-func (r *runner) scale(ctx context.Context, base Result, concs []int) []Result {
+// with Existing of them (on each endpoint), in an order that alternates
+// from round to round (odd: none first; even: Existing first), creating
+// the Existing volumes before and deleting them after their measurement.
+func (r *runner) scale(ctx context.Context, base Result, lanes []lane) []Result {
 	base.Unit = "create+delete"
-	pairs := func(existing int) []Result {
-		res := base
-		res.Existing = existing
-		return r.measure(ctx, res, concs, func(ctx context.Context, s *samples, _, _ int) error {
-			v := r.newVolume(false)
+	pairs := func(existing map[bool]int) []Result {
+		res := r.measure(ctx, base, lanes, func(ctx context.Context, s *samples, ln lane, _ int) error {
+			v := r.newVolume(ln.ep, false)
 			if err := r.create(ctx, s, v); err != nil {
 				return err
 			}
 			return r.delete(ctx, s, v)
 		})
+		for i := range res {
+			res[i].Existing = existing[res[i].Baseline]
+		}
+		return res
 	}
 	if r.cfg.Existing == 0 {
-		return pairs(0)
+		return pairs(nil)
 	}
-	fillConc := max(fillConcurrency, slices.Max(concs))
+	fillConc := fillConcurrency
+	for _, ln := range lanes {
+		fillConc = max(fillConc, ln.conc)
+	}
 	withExisting := func() []Result {
-		label := fmt.Sprintf("round %d scale: creating %d volumes", base.Round, r.cfg.Existing)
-		fill := r.createUntimed(ctx, r.cfg.Existing, fillConc, label)
-		res := pairs(len(fill))
-		label = fmt.Sprintf("round %d scale: deleting %d volumes", base.Round, len(fill))
-		r.deleteUntimed(ctx, fill, fillConc, label)
+		fills := map[*endpoint][]*volume{}
+		existing := map[bool]int{}
+		for _, ep := range r.eps {
+			label := fmt.Sprintf("round %d scale%s: creating %d volumes", base.Round, ep.suffix(), r.cfg.Existing)
+			fills[ep] = r.createUntimed(ctx, ep, r.cfg.Existing, fillConc, label)
+			existing[ep.baseline] = len(fills[ep])
+		}
+		res := pairs(existing)
+		for _, ep := range r.eps {
+			label := fmt.Sprintf("round %d scale%s: deleting %d volumes", base.Round, ep.suffix(), len(fills[ep]))
+			r.deleteUntimed(ctx, fills[ep], fillConc, label)
+		}
 		return res
 	}
 	if base.Round%2 == 1 {
-		return append(pairs(0), withExisting()...)
+		return append(pairs(nil), withExisting()...)
 	}
-	return append(withExisting(), pairs(0)...)
+	return append(withExisting(), pairs(nil)...)
 }
 
 // lifecycle is one unit of the lifecycle phase.
-func (r *runner) lifecycle(ctx context.Context, s *samples, _, _ int) error {
-	v := r.newVolume(true)
+func (r *runner) lifecycle(ctx context.Context, s *samples, ln lane, _ int) error {
+	ep := ln.ep
+	v := r.newVolume(ep, true)
 	if err := r.create(ctx, s, v); err != nil {
 		return err
 	}
 	var pc map[string]string
-	if r.caps.publish {
+	if ep.caps.publish {
 		v.ctrlPublished = true
 		err := r.call(ctx, s, "ControllerPublishVolume", func(ctx context.Context) error {
-			resp, err := r.csi.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.id,
-				NodeId: r.cfg.NodeID, VolumeCapability: r.vc})
+			resp, err := ep.csi.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.id,
+				NodeId: ep.nodeID, VolumeCapability: ep.vc})
 			pc = resp.GetPublishContext()
 			return err
 		})
@@ -631,15 +612,15 @@ func (r *runner) lifecycle(ctx context.Context, s *samples, _, _ int) error {
 		}
 	}
 	staging := ""
-	if r.caps.stage {
+	if ep.caps.stage {
 		staging = v.staging
 		if err := os.Mkdir(staging, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("staging directory: %w", err)
 		}
 		v.staged = true
 		err := r.call(ctx, s, "NodeStageVolume", func(ctx context.Context) error {
-			_, err := r.csi.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: staging,
-				VolumeCapability: r.vc, PublishContext: pc})
+			_, err := ep.csi.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: staging,
+				VolumeCapability: ep.vc, PublishContext: pc})
 			return err
 		})
 		if err != nil {
@@ -648,33 +629,40 @@ func (r *runner) lifecycle(ctx context.Context, s *samples, _, _ int) error {
 	}
 	v.published = true
 	err := r.call(ctx, s, "NodePublishVolume", func(ctx context.Context) error {
-		_, err := r.csi.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, TargetPath: v.target,
-			StagingTargetPath: staging, VolumeCapability: r.vc, PublishContext: pc})
+		_, err := ep.csi.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, TargetPath: v.target,
+			StagingTargetPath: staging, VolumeCapability: ep.vc, PublishContext: pc})
 		return err
 	})
 	if err != nil {
 		return err
 	}
+	return r.unwind(ctx, s, v)
+}
+
+// unwind is the second half of a lifecycle: unpublish, unstage, controller
+// unpublish, delete.
+func (r *runner) unwind(ctx context.Context, s *samples, v *volume) error {
+	ep := v.ep
 	if err := r.call(ctx, s, "NodeUnpublishVolume", func(ctx context.Context) error {
-		_, err := r.csi.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
+		_, err := ep.csi.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
 		return err
 	}); err != nil {
 		return err
 	}
 	v.published = false
-	if r.caps.stage {
+	if ep.caps.stage {
 		if err := r.call(ctx, s, "NodeUnstageVolume", func(ctx context.Context) error {
-			_, err := r.csi.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: staging})
+			_, err := ep.csi.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
 			return err
 		}); err != nil {
 			return err
 		}
 		v.staged = false
-		_ = os.Remove(staging)
+		_ = os.Remove(v.staging)
 	}
-	if r.caps.publish {
+	if ep.caps.publish {
 		if err := r.call(ctx, s, "ControllerUnpublishVolume", func(ctx context.Context) error {
-			_, err := r.csi.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: r.cfg.NodeID})
+			_, err := ep.csi.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: ep.nodeID})
 			return err
 		}); err != nil {
 			return err
@@ -684,33 +672,31 @@ func (r *runner) lifecycle(ctx context.Context, s *samples, _, _ int) error {
 	return r.delete(ctx, s, v)
 }
 
-// measure runs res.Count units of a phase at each concurrency of concs
-// and returns a result per concurrency. With several concurrencies, the
-// units are cut into slices, and the slices of the concurrencies run
-// alternately (c1, c8, c8, c1, c1, ...): what the machine's drifting load
-// does to one, it does to the other, and their ratio holds. A slice keeps
-// each worker busy for about sliceUnitsPerWorker units, so the idle tail
-// of a slice (workers finishing their last unit) costs little. A unit that
-// fails counts as an error; ctx ending stops the workers between units.
-func (r *runner) measure(ctx context.Context, base Result, concs []int, unit func(ctx context.Context, s *samples, conc, i int) error) []Result {
+// measure runs res.Count units of a phase on each lane (an endpoint at a
+// concurrency) and returns a result per lane, by concurrency, the
+// endpoint under test before the baseline. With several lanes, the units
+// are cut into slices, and the slices of the lanes run alternately (c1,
+// c8, c8, c1, c1, ...): what the machine's drifting load does to one, it
+// does to the other, and their ratio holds. A slice keeps each worker busy
+// for about sliceUnitsPerWorker units, so the idle tail of a slice
+// (workers finishing their last unit) costs little. A unit that fails
+// counts as an error; ctx ending stops the workers between units.
+func (r *runner) measure(ctx context.Context, base Result, lanes []lane, unit func(ctx context.Context, s *samples, ln lane, i int) error) []Result {
 	type acc struct {
 		s            *samples
 		done, failed int
 		elapsed      time.Duration
 	}
-	accs := make([]acc, len(concs))
+	accs := make([]acc, len(lanes))
 	for i := range accs {
 		accs[i].s = newSamples()
 	}
-	n := r.slices(concs)
-	l := fmt.Sprintf("round %d %s c=%s", base.Round, base.Phase, joinInts(concs))
-	if base.Phase == string(PhaseScale) {
-		l += fmt.Sprintf(" (%d existing)", base.Existing)
-	}
-	r.prog.begin(l, base.Count*len(concs))
+	n := r.slices(lanes)
+	l := r.measureLabel(base, lanes)
+	r.prog.begin(l, base.Count*len(lanes))
 	for k := 0; k < n && ctx.Err() == nil; k++ {
 		lo, hi := k*base.Count/n, (k+1)*base.Count/n
-		order := make([]int, len(concs))
+		order := make([]int, len(lanes))
 		for i := range order {
 			order[i] = i
 		}
@@ -718,9 +704,9 @@ func (r *runner) measure(ctx context.Context, base Result, concs []int, unit fun
 			slices.Reverse(order)
 		}
 		for _, i := range order {
-			a, conc := &accs[i], concs[i]
-			elapsed, done, failed := r.runSlice(ctx, conc, lo, hi, l, func(ctx context.Context, j int) error {
-				return unit(ctx, a.s, conc, j)
+			a, ln := &accs[i], lanes[i]
+			elapsed, done, failed := r.runSlice(ctx, ln.conc, lo, hi, l+ln.ep.suffix(), func(ctx context.Context, j int) error {
+				return unit(ctx, a.s, ln, j)
 			})
 			a.elapsed += elapsed
 			a.done += done
@@ -728,10 +714,10 @@ func (r *runner) measure(ctx context.Context, base Result, concs []int, unit fun
 		}
 	}
 	r.prog.end()
-	out := make([]Result, len(concs))
+	out := make([]Result, len(lanes))
 	for i, a := range accs {
 		res := base
-		res.Concurrency, res.Count, res.Errors = concs[i], a.done, a.failed
+		res.Concurrency, res.Baseline, res.Count, res.Errors = lanes[i].conc, lanes[i].ep.baseline, a.done, a.failed
 		res.ElapsedSeconds = a.elapsed.Seconds()
 		if a.elapsed > 0 {
 			res.OpsPerSecond = float64(a.done-a.failed) / a.elapsed.Seconds()
@@ -739,23 +725,59 @@ func (r *runner) measure(ctx context.Context, base Result, concs []int, unit fun
 		res.RPCs = a.s.stats(a.elapsed)
 		out[i] = res
 	}
-	slices.SortStableFunc(out, func(a, b Result) int { return a.Concurrency - b.Concurrency })
+	slices.SortStableFunc(out, func(a, b Result) int {
+		return cmp.Or(cmp.Compare(a.Concurrency, b.Concurrency), cmp.Compare(boolInt(a.Baseline), boolInt(b.Baseline)))
+	})
 	return out
+}
+
+// measureLabel names a measurement in the progress line and in errors.
+func (r *runner) measureLabel(base Result, lanes []lane) string {
+	var concs []int
+	for _, ln := range lanes {
+		if !slices.Contains(concs, ln.conc) {
+			concs = append(concs, ln.conc)
+		}
+	}
+	l := fmt.Sprintf("round %d %s c=%s", base.Round, base.Phase, joinInts(concs))
+	if base.Phase == string(PhaseScale) {
+		l += fmt.Sprintf(" (%d existing)", base.Existing)
+	}
+	return l
+}
+
+// suffix marks the baseline's measurements in labels.
+func (ep *endpoint) suffix() string {
+	if ep.baseline {
+		return " on the baseline"
+	}
+	return ""
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // sliceUnitsPerWorker is how many units each worker runs in one slice of
 // an interleaved measurement, at the highest concurrency.
 const sliceUnitsPerWorker = 25
 
-// slices is the number of slices a measurement at concs is cut into.
-func (r *runner) slices(concs []int) int {
+// slices is the number of slices a measurement on lanes is cut into.
+func (r *runner) slices(lanes []lane) int {
 	if r.cfg.Slices > 0 {
 		return min(r.cfg.Slices, r.cfg.Count)
 	}
-	if len(concs) < 2 {
+	if len(lanes) < 2 {
 		return 1
 	}
-	return max(1, r.cfg.Count/(sliceUnitsPerWorker*slices.Max(concs)))
+	most := 0
+	for _, ln := range lanes {
+		most = max(most, ln.conc)
+	}
+	return max(1, r.cfg.Count/(sliceUnitsPerWorker*most))
 }
 
 // runSlice runs units [lo, hi) on conc workers and returns how long that
@@ -831,15 +853,15 @@ const maxErrors = 10
 // bijection of a sequence number (no two alike): a CO's names (pvc-<uuid>)
 // are random, and a driver that indexes names pays for that with a write
 // to a random place of its index; sequential names would hide the cost.
-func (r *runner) newVolume(lifecycle bool) *volume {
-	v := &volume{name: fmt.Sprintf("%s%016x", r.prefix, mix(r.seq.Add(1)^r.seed))}
+func (r *runner) newVolume(ep *endpoint, lifecycle bool) *volume {
+	v := &volume{ep: ep, name: fmt.Sprintf("%s%016x", r.prefix, mix(r.seq.Add(1)^r.seed))}
 	if lifecycle {
 		v.staging, v.target = filepath.Join(r.cfg.StagingDir, v.name), filepath.Join(r.cfg.TargetDir, v.name)
 	}
 	r.mu.Lock()
 	r.live[v.name] = v
 	r.mu.Unlock()
-	if err := r.jrnl.write(journalLine{Begin: v.name, Staging: v.staging, Target: v.target}); err != nil {
+	if err := ep.jrnl.write(journalLine{Begin: v.name, Staging: v.staging, Target: v.target}); err != nil {
 		r.noteError(err)
 	}
 	return v
@@ -847,7 +869,7 @@ func (r *runner) newVolume(lifecycle bool) *volume {
 
 func (r *runner) create(ctx context.Context, s *samples, v *volume) error {
 	err := r.call(ctx, s, "CreateVolume", func(ctx context.Context) error {
-		resp, err := r.csi.CreateVolume(ctx, createRequest(v.name, r.header))
+		resp, err := v.ep.csi.CreateVolume(ctx, createRequest(v.name, v.ep.header))
 		v.id = resp.GetVolume().GetVolumeId()
 		return err
 	})
@@ -855,9 +877,9 @@ func (r *runner) create(ctx context.Context, s *samples, v *volume) error {
 		return err
 	}
 	r.mu.Lock()
-	r.ids[v.id] = true
+	v.ep.ids[v.id] = true
 	r.mu.Unlock()
-	if err := r.jrnl.write(journalLine{Created: v.name, ID: v.id}); err != nil {
+	if err := v.ep.jrnl.write(journalLine{Created: v.name, ID: v.id}); err != nil {
 		r.noteError(err)
 	}
 	return nil
@@ -865,7 +887,7 @@ func (r *runner) create(ctx context.Context, s *samples, v *volume) error {
 
 func (r *runner) delete(ctx context.Context, s *samples, v *volume) error {
 	if err := r.call(ctx, s, "DeleteVolume", func(ctx context.Context) error {
-		_, err := r.csi.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.id})
+		_, err := v.ep.csi.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.id})
 		return err
 	}); err != nil {
 		return err
@@ -880,20 +902,20 @@ func (r *runner) gone(v *volume) {
 	delete(r.live, v.name)
 	r.deleted++
 	r.mu.Unlock()
-	if r.jrnl != nil {
-		if err := r.jrnl.write(journalLine{Deleted: v.name}); err != nil {
+	if v.ep.jrnl != nil {
+		if err := v.ep.jrnl.write(journalLine{Deleted: v.name}); err != nil {
 			r.noteError(err)
 		}
 	}
 }
 
-// createUntimed creates n volumes on conc workers, outside any measurement,
-// and returns those that were created.
-func (r *runner) createUntimed(ctx context.Context, n, conc int, label string) []*volume {
+// createUntimed creates n volumes on ep with conc workers, outside any
+// measurement, and returns those that were created.
+func (r *runner) createUntimed(ctx context.Context, ep *endpoint, n, conc int, label string) []*volume {
 	var mu sync.Mutex
 	var out []*volume
 	r.untimed(ctx, n, conc, label, func(ctx context.Context, _ int) error {
-		v := r.newVolume(false)
+		v := r.newVolume(ep, false)
 		if err := r.create(ctx, nil, v); err != nil {
 			return err
 		}

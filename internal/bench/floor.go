@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -23,14 +24,9 @@ type floorDB struct {
 
 var floorBucket = []byte("floor")
 
-func openFloor(dir string) (*floorDB, error) {
-	f, err := os.CreateTemp(dir, "csid-bench-floor-*.db")
-	if err != nil {
-		return nil, fmt.Errorf("floor file: %w", err)
-	}
-	path := f.Name()
-	f.Close()
-	_ = os.Remove(path) // bbolt initialises a file it creates
+// openFloor makes the floor's bbolt file in the run's scratch directory.
+func openFloor(scratch string) (*floorDB, error) {
+	path := filepath.Join(scratch, scratchDB)
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
 		return nil, fmt.Errorf("floor file: %w", err)
@@ -61,22 +57,35 @@ func (f *floorDB) close() {
 // endpoint and a bare bbolt commit.
 func (r *runner) floor(ctx context.Context, round int, db *floorDB) Result {
 	res := Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: "Probe+bbolt.Update", Count: r.cfg.FloorSamples}
-	s := newSamples()
-	l := fmt.Sprintf("round %d floor", round)
-	r.prog.begin(l, res.Count)
-	start := time.Now()
-	done, failed := 0, 0
-	for ; done < res.Count && ctx.Err() == nil; done++ {
+	return r.floorSamples(ctx, res, fmt.Sprintf("round %d floor", round), func(s *samples) error {
 		err := r.call(ctx, s, "Probe", func(ctx context.Context) error {
-			_, err := r.csi.Probe(ctx, &csi.ProbeRequest{})
+			_, err := r.eps[0].csi.Probe(ctx, &csi.ProbeRequest{})
 			return err
 		})
 		t := time.Now()
 		berr := db.commit()
 		s.add("bbolt.Update", time.Since(t), berr != nil)
-		if err = errors.Join(err, berr); err != nil {
+		return errors.Join(err, berr)
+	})
+}
+
+// floorSamples takes res.Count samples of a floor, one after the other,
+// until ctx ends, and returns res with their figures: sample records its
+// times in s and returns its error. A failed sample is counted and its
+// error noted; one cut short by ctx ending is neither.
+func (r *runner) floorSamples(ctx context.Context, res Result, label string, sample func(s *samples) error) Result {
+	s := newSamples()
+	r.prog.begin(label, res.Count)
+	start := time.Now()
+	done, failed := 0, 0
+	for ; done < res.Count && ctx.Err() == nil; done++ {
+		err := sample(s)
+		if err != nil && ctx.Err() != nil {
+			break // interrupted, not failed
+		}
+		if err != nil {
 			failed++
-			r.noteError(fmt.Errorf("%s: %w", l, err))
+			r.noteError(fmt.Errorf("%s: %w", label, err))
 		}
 		r.prog.step()
 	}

@@ -48,7 +48,8 @@ type journalHeader struct {
 
 // journalLine is one event: a create about to be sent (Begin, with the
 // paths the volume will be staged and published at), a create answered
-// (Created, with the id), a volume deleted (Deleted).
+// (Created, with the id), a volume deleted (Deleted), the floors' scratch
+// directory about to be made (Scratch; see scratch.go).
 type journalLine struct {
 	Begin   string `json:"begin,omitempty"`
 	Staging string `json:"staging,omitempty"`
@@ -56,6 +57,7 @@ type journalLine struct {
 	Created string `json:"created,omitempty"`
 	ID      string `json:"id,omitempty"`
 	Deleted string `json:"deleted,omitempty"`
+	Scratch string `json:"scratch,omitempty"`
 }
 
 const journalExt = ".journal"
@@ -110,6 +112,8 @@ type deadRun struct {
 	header journalHeader
 	// volumes not recorded as deleted, by name.
 	volumes map[string]*volume
+	// scratch is the floors' scratch directory the run made, if any.
+	scratch string
 }
 
 // deadRuns finds the journals in dir of runs against endpoint that are no
@@ -174,6 +178,8 @@ func readJournal(f *os.File) (*deadRun, error) {
 			}
 		case l.Deleted != "":
 			delete(d.volumes, l.Deleted)
+		case l.Scratch != "":
+			d.scratch = l.Scratch
 		}
 	}
 	return d, sc.Err()

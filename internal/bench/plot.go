@@ -20,11 +20,13 @@ const (
 
 // WriteSVG draws the summary as a small SVG bar chart: for each RPC of each
 // measurement, its p50 and p99 latency on a logarithmic axis, with the
-// floor's p50s (Probe's round trip, a bare bbolt commit) as vertical lines.
+// floors' p50s (Probe's round trip, a bare bbolt commit, and a bare mkfs +
+// mount when measured) as vertical lines.
 // It is hand-written SVG: no plotting dependency.
 func (r *Report) WriteSVG(w io.Writer) error {
 	rows := r.plotRows()
-	sc := newLogScale(rows, r.Floor.Probe.P50, r.Floor.BoltUpdate.P50)
+	floors := r.plotFloors()
+	sc := newLogScale(rows, floors...)
 	height := plotTop + len(rows)*plotRowH + plotBottom
 	width := plotLabelW + plotChartW + plotRightW
 	var b strings.Builder
@@ -51,20 +53,26 @@ func (r *Report) WriteSVG(w io.Writer) error {
 				plotLabelW, y+11, sc.x(rw.p99)-plotLabelW, ms(rw.p99))
 		}
 	}
-	for i, f := range []struct {
-		v    float64
-		name string
-	}{{r.Floor.Probe.P50, "Probe"}, {r.Floor.BoltUpdate.P50, "bbolt"}} {
-		if f.v <= 0 {
+	for i, name := range []string{"Probe", "bbolt", "mkfs+mount"} {
+		if i >= len(floors) || floors[i] <= 0 {
 			continue
 		}
-		xx := sc.x(f.v)
+		xx := sc.x(floors[i])
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#c53030" stroke-dasharray="4 3"/>`+"\n", xx, plotTop-6-12*i, xx, axisY)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="#c53030" text-anchor="middle">%s</text>`+"\n", xx, plotTop-8-12*i, f.name)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="#c53030" text-anchor="middle">%s</text>`+"\n", xx, plotTop-8-12*i, name)
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// plotFloors are the floors' p50s: Probe, bbolt and, when measured, mkfs+mount.
+func (r *Report) plotFloors() []float64 {
+	out := []float64{r.Floor.Probe.P50, r.Floor.BoltUpdate.P50}
+	if r.Floor.MkfsMount != nil {
+		out = append(out, r.Floor.MkfsMount.P50)
+	}
+	return out
 }
 
 // plotRow is one bar pair of the chart: an RPC of a phase at a concurrency.
@@ -82,6 +90,9 @@ func (r *Report) plotRows() []plotRow {
 		}
 		for _, st := range s.RPCs {
 			l := fmt.Sprintf("%s c=%d", s.Phase, s.Concurrency)
+			if s.Baseline {
+				l = "baseline " + l
+			}
 			if s.Phase == string(PhaseScale) {
 				l += fmt.Sprintf(" existing=%d", s.Existing)
 			}
@@ -132,8 +143,12 @@ func (r *Report) plotHeader(b *strings.Builder) {
 	fmt.Fprintf(b, `<text x="10" y="20" font-size="14" font-weight="bold">%s</text>`+"\n", html.EscapeString(title))
 	fmt.Fprintf(b, `<rect x="10" y="34" width="14" height="8" fill="#2b6cb0"/><text x="28" y="42">p50</text>`+"\n")
 	fmt.Fprintf(b, `<rect x="70" y="34" width="14" height="8" fill="#90cdf4"/><text x="88" y="42">p99</text>`+"\n")
-	fmt.Fprintf(b, `<line x1="130" y1="38" x2="150" y2="38" stroke="#c53030" stroke-dasharray="4 3"/><text x="154" y="42">floor p50: Probe round trip %s ms, bbolt commit %s ms (%s)</text>`+"\n",
-		ms(r.Floor.Probe.P50), ms(r.Floor.BoltUpdate.P50), html.EscapeString(r.Floor.FSType))
+	floors := fmt.Sprintf("floor p50: Probe round trip %s ms, bbolt commit %s ms", ms(r.Floor.Probe.P50), ms(r.Floor.BoltUpdate.P50))
+	if m := r.Floor.MkfsMount; m != nil {
+		floors += fmt.Sprintf(", mkfs+mount %s ms", ms(m.P50))
+	}
+	fmt.Fprintf(b, `<line x1="130" y1="38" x2="150" y2="38" stroke="#c53030" stroke-dasharray="4 3"/><text x="154" y="42">%s (%s)</text>`+"\n",
+		floors, html.EscapeString(r.Floor.FSType))
 }
 
 // decade labels 10^d seconds.

@@ -22,6 +22,9 @@ type Report struct {
 	Schema string `json:"schema"`
 	// Target is the driver measured.
 	Target Target `json:"target"`
+	// Baseline is the driver it was compared with in the same run
+	// (Config.Baseline); absent without one.
+	Baseline *Target `json:"baseline,omitempty"`
 	// Config is what the run was asked to do.
 	Config    ReportConfig `json:"config"`
 	StartedAt time.Time    `json:"started_at"`
@@ -76,13 +79,19 @@ type ReportConfig struct {
 }
 
 // Floor is what no CSI call can beat, measured in the same run: Probe's
-// round trip on the same endpoint, and one bare bbolt commit in Dir.
+// round trip on the same endpoint, one bare bbolt commit in Dir, and a bare
+// mkfs + mount of a volume's size (what NodeStageVolume of a new volume
+// must do at least).
 type Floor struct {
 	Dir string `json:"dir"`
 	// FSType is Dir's file system ("ext4", "tmpfs", ...).
 	FSType     string   `json:"fs_type"`
 	Probe      RPCStats `json:"probe"`
 	BoltUpdate RPCStats `json:"bbolt_update"`
+	// MkfsMount is the mkfs+mount floor (Config.MkfsFloorSamples): absent
+	// when it was not measured, and MkfsMountAbsent says why.
+	MkfsMount       *RPCStats `json:"mkfs_mount,omitempty"`
+	MkfsMountAbsent string    `json:"mkfs_mount_absent,omitempty"`
 }
 
 // Result is one measurement: Count units of a phase on Concurrency
@@ -95,9 +104,11 @@ type Result struct {
 	Rounds      int `json:"rounds,omitempty"`
 	Concurrency int `json:"concurrency"`
 	Existing    int `json:"existing"`
+	// Baseline marks a measurement of the baseline (Config.Baseline).
+	Baseline bool `json:"baseline,omitempty"`
 	// Unit is what Count and OpsPerSecond count: an RPC name for probe,
 	// create and delete, "lifecycle", "create+delete" for scale,
-	// "Probe+bbolt.Update" for the floor.
+	// "Probe+bbolt.Update" and "mkfs+mount" for the floors.
 	Unit   string `json:"unit"`
 	Count  int    `json:"count"`
 	Errors int    `json:"errors"`
@@ -109,14 +120,23 @@ type Result struct {
 	RPCs []RPCStats `json:"rpcs"`
 }
 
-// Ratio is a ratio of two measurements' OpsPerSecond, taken round by round
-// (each pair measured close together) and summarised by the median.
+// Ratio is a ratio of two measurements, taken round by round (each pair
+// measured close together) and summarised by the median.
 type Ratio struct {
-	// Kind is "concurrency" (a phase at its highest concurrency over its
-	// lowest) or "existing" (scale with Existing volumes over none, at one
-	// concurrency).
-	Kind        string    `json:"kind"`
-	Phase       string    `json:"phase"`
+	// Kind is what is compared. Of OpsPerSecond: "concurrency" (a phase at
+	// its highest concurrency over its lowest), "existing" (scale with
+	// Existing volumes over none, at one concurrency), "endpoint" (the
+	// endpoint's rate over the baseline's, at the same phase, concurrency
+	// and existing volumes). Of latency: "floor" (the p50 of Method in the
+	// lifecycle at a concurrency over the p50 of the mkfs+mount floor;
+	// lower is better, 1 is the floor itself).
+	Kind  string `json:"kind"`
+	Phase string `json:"phase"`
+	// Method is the RPC whose latency a "floor" ratio takes.
+	Method string `json:"method,omitempty"`
+	// Baseline: a "concurrency" or "existing" ratio of the baseline's
+	// measurements.
+	Baseline    bool      `json:"baseline,omitempty"`
 	Numerator   Point     `json:"numerator"`
 	Denominator Point     `json:"denominator"`
 	Value       float64   `json:"value"`
@@ -177,28 +197,32 @@ func (r *runner) summarise() {
 				rep.Floor.Probe = st
 			case "bbolt.Update":
 				rep.Floor.BoltUpdate = st
+			case methodMkfsMount:
+				rep.Floor.MkfsMount = &st
 			}
 		}
 	}
 }
 
 type resultKey struct {
-	phase          string
+	phase, unit    string
 	conc, existing int
+	baseline       bool
 	phaseOrder     int
 }
 
 func keyOf(r Result) resultKey {
-	order := slices.Index(Phases, Phase(r.Phase)) // the floor is -1: first
-	return resultKey{phase: r.Phase, conc: r.Concurrency, existing: r.Existing, phaseOrder: order}
+	order := slices.Index(Phases, Phase(r.Phase)) // the floors are -1: first
+	return resultKey{phase: r.Phase, unit: r.Unit, conc: r.Concurrency, existing: r.Existing, baseline: r.Baseline, phaseOrder: order}
 }
 
 func (a resultKey) compare(b resultKey) int {
-	return cmp.Or(cmp.Compare(a.phaseOrder, b.phaseOrder), cmp.Compare(a.conc, b.conc), cmp.Compare(a.existing, b.existing))
+	return cmp.Or(cmp.Compare(a.phaseOrder, b.phaseOrder), cmp.Compare(a.conc, b.conc), cmp.Compare(a.existing, b.existing),
+		cmp.Compare(boolInt(a.baseline), boolInt(b.baseline)), cmp.Compare(a.unit, b.unit))
 }
 
-// summary takes, for each phase, concurrency and number of existing
-// volumes, the medians over the rounds.
+// summary takes, for each phase, concurrency, number of existing volumes
+// and endpoint (and each floor), the medians over the rounds.
 func summary(results []Result) []Result {
 	groups := map[resultKey][]Result{}
 	var keys []resultKey
@@ -213,7 +237,7 @@ func summary(results []Result) []Result {
 	out := make([]Result, 0, len(keys))
 	for _, k := range keys {
 		g := groups[k]
-		s := Result{Phase: k.phase, Rounds: len(g), Concurrency: k.conc, Existing: k.existing, Unit: g[0].Unit,
+		s := Result{Phase: k.phase, Rounds: len(g), Concurrency: k.conc, Existing: k.existing, Baseline: k.baseline, Unit: k.unit,
 			ElapsedSeconds: medianOf(g, func(r Result) float64 { return r.ElapsedSeconds }),
 			OpsPerSecond:   medianOf(g, func(r Result) float64 { return r.OpsPerSecond })}
 		var methods []string
@@ -259,64 +283,185 @@ func medianOf(g []Result, f func(Result) float64) float64 {
 }
 
 // ratios compares, round by round: each phase at its highest concurrency
-// against its lowest (at each number of existing volumes), and the scale
-// phase with existing volumes against none (at each concurrency).
+// against its lowest (at each number of existing volumes), the scale phase
+// with existing volumes against none (at each concurrency), both for each
+// endpoint; the endpoint's rates against the baseline's; and the
+// lifecycle's NodeStageVolume p50 against the mkfs+mount floor's.
 func ratios(results []Result) []Ratio {
-	type at struct {
-		phase          string
-		conc, existing int
-		round          int
+	rs := newRoundSeries(results)
+	var out []Ratio
+	for _, baseline := range []bool{false, true} {
+		out = append(out, rs.shapeRatios(baseline)...)
 	}
-	rate := map[at]float64{}
-	concs, existings := map[string][]int{}, map[string][]int{}
-	rounds := 0
+	out = append(out, rs.endpointRatios()...)
+	out = append(out, rs.floorRatios()...)
+	if out == nil {
+		out = []Ratio{}
+	}
+	return out
+}
+
+// at is a measurement's place in a run.
+type at struct {
+	phase          string
+	conc, existing int
+	baseline       bool
+	round          int
+}
+
+// roundSeries indexes a run's results by their place, for ratios.
+type roundSeries struct {
+	rate      map[at]float64
+	stageP50  map[at]float64 // lifecycle NodeStageVolume p50
+	floorP50  map[int]float64
+	concs     map[bool]map[string][]int // by baseline, phase
+	existings map[bool]map[string][]int
+	rounds    int
+}
+
+func newRoundSeries(results []Result) *roundSeries {
+	rs := &roundSeries{rate: map[at]float64{}, stageP50: map[at]float64{}, floorP50: map[int]float64{},
+		concs: map[bool]map[string][]int{false: {}, true: {}}, existings: map[bool]map[string][]int{false: {}, true: {}}}
 	for _, r := range results {
+		rs.rounds = max(rs.rounds, r.Round)
 		if r.Phase == string(PhaseFloor) {
+			if st, ok := rpcOf(r, methodMkfsMount); ok && st.Count > st.Errors {
+				rs.floorP50[r.Round] = st.P50
+			}
 			continue
 		}
-		rate[at{r.Phase, r.Concurrency, r.Existing, r.Round}] = r.OpsPerSecond
-		if !slices.Contains(concs[r.Phase], r.Concurrency) {
-			concs[r.Phase] = append(concs[r.Phase], r.Concurrency)
+		k := at{r.Phase, r.Concurrency, r.Existing, r.Baseline, r.Round}
+		rs.rate[k] = r.OpsPerSecond
+		if st, ok := rpcOf(r, "NodeStageVolume"); ok && r.Phase == string(PhaseLifecycle) && st.Count > st.Errors {
+			rs.stageP50[k] = st.P50
 		}
-		if !slices.Contains(existings[r.Phase], r.Existing) {
-			existings[r.Phase] = append(existings[r.Phase], r.Existing)
+		c, e := rs.concs[r.Baseline], rs.existings[r.Baseline]
+		if !slices.Contains(c[r.Phase], r.Concurrency) {
+			c[r.Phase] = append(c[r.Phase], r.Concurrency)
 		}
-		rounds = max(rounds, r.Round)
+		if !slices.Contains(e[r.Phase], r.Existing) {
+			e[r.Phase] = append(e[r.Phase], r.Existing)
+		}
 	}
-	ratio := func(kind, phase string, num, den Point) (Ratio, bool) {
-		q := Ratio{Kind: kind, Phase: phase, Numerator: num, Denominator: den, PerRound: []float64{}}
-		for round := 1; round <= rounds; round++ {
-			n, okN := rate[at{phase, num.Concurrency, num.Existing, round}]
-			d, okD := rate[at{phase, den.Concurrency, den.Existing, round}]
-			if okN && okD && d > 0 {
-				q.PerRound = append(q.PerRound, n/d)
+	for _, m := range []map[bool]map[string][]int{rs.concs, rs.existings} {
+		for _, byPhase := range m {
+			for _, x := range byPhase {
+				slices.Sort(x)
 			}
 		}
-		q.Value = median(q.PerRound)
-		return q, len(q.PerRound) > 0
 	}
+	return rs
+}
+
+// rpcOf finds a method's figures in a result.
+func rpcOf(r Result, method string) (RPCStats, bool) {
+	for _, st := range r.RPCs {
+		if st.Method == method {
+			return st, true
+		}
+	}
+	return RPCStats{}, false
+}
+
+// ratio takes num(round) / den(round) in each round that has both, and
+// their median; ok is false when no round has both.
+func (rs *roundSeries) ratio(q Ratio, num, den func(round int) (float64, bool)) (Ratio, bool) {
+	q.PerRound = []float64{}
+	for round := 1; round <= rs.rounds; round++ {
+		n, okN := num(round)
+		d, okD := den(round)
+		if okN && okD && d > 0 {
+			q.PerRound = append(q.PerRound, n/d)
+		}
+	}
+	q.Value = median(q.PerRound)
+	return q, len(q.PerRound) > 0
+}
+
+// rateAt reads the rate of a phase at a point of one endpoint, by round.
+func (rs *roundSeries) rateAt(phase string, p Point, baseline bool) func(int) (float64, bool) {
+	return func(round int) (float64, bool) {
+		v, ok := rs.rate[at{phase, p.Concurrency, p.Existing, baseline, round}]
+		return v, ok
+	}
+}
+
+// shapeRatios are the "concurrency" and "existing" ratios of one endpoint.
+func (rs *roundSeries) shapeRatios(baseline bool) []Ratio {
 	var out []Ratio
 	for _, p := range Phases {
-		cs, es := concs[string(p)], existings[string(p)]
-		slices.Sort(cs)
-		slices.Sort(es)
+		phase := string(p)
+		cs, es := rs.concs[baseline][phase], rs.existings[baseline][phase]
 		if len(cs) >= 2 {
 			for _, e := range es {
-				if q, ok := ratio("concurrency", string(p), Point{cs[len(cs)-1], e}, Point{cs[0], e}); ok {
+				num, den := Point{cs[len(cs)-1], e}, Point{cs[0], e}
+				q := Ratio{Kind: "concurrency", Phase: phase, Baseline: baseline, Numerator: num, Denominator: den}
+				if q, ok := rs.ratio(q, rs.rateAt(phase, num, baseline), rs.rateAt(phase, den, baseline)); ok {
 					out = append(out, q)
 				}
 			}
 		}
 		if p == PhaseScale && len(es) >= 2 {
 			for _, c := range cs {
-				if q, ok := ratio("existing", string(p), Point{c, es[len(es)-1]}, Point{c, es[0]}); ok {
+				num, den := Point{c, es[len(es)-1]}, Point{c, es[0]}
+				q := Ratio{Kind: "existing", Phase: phase, Baseline: baseline, Numerator: num, Denominator: den}
+				if q, ok := rs.ratio(q, rs.rateAt(phase, num, baseline), rs.rateAt(phase, den, baseline)); ok {
 					out = append(out, q)
 				}
 			}
 		}
 	}
-	if out == nil {
-		out = []Ratio{}
+	return out
+}
+
+// endpointRatios are the endpoint's rates over the baseline's, at every
+// phase, concurrency and number of existing volumes both were measured at.
+// The scale phase's existing volumes are matched by the number asked for:
+// a fill in which a few creates failed is still the same measurement.
+func (rs *roundSeries) endpointRatios() []Ratio {
+	var out []Ratio
+	for _, p := range Phases {
+		phase := string(p)
+		es := rs.existings[false][phase]
+		for _, c := range rs.concs[false][phase] {
+			if !slices.Contains(rs.concs[true][phase], c) {
+				continue
+			}
+			for i, e := range es {
+				be := rs.existings[true][phase]
+				if i >= len(be) {
+					continue
+				}
+				num, den := Point{c, e}, Point{c, be[i]}
+				q := Ratio{Kind: "endpoint", Phase: phase, Numerator: num, Denominator: den}
+				if q, ok := rs.ratio(q, rs.rateAt(phase, num, false), rs.rateAt(phase, den, true)); ok {
+					out = append(out, q)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// floorRatios are the lifecycle's NodeStageVolume p50 over the mkfs+mount
+// floor's p50, at each concurrency of the endpoint under test.
+func (rs *roundSeries) floorRatios() []Ratio {
+	var out []Ratio
+	phase := string(PhaseLifecycle)
+	for _, c := range rs.concs[false][phase] {
+		num := Point{Concurrency: c}
+		q := Ratio{Kind: "floor", Phase: phase, Method: "NodeStageVolume", Numerator: num, Denominator: Point{Concurrency: 1}}
+		stage := func(round int) (float64, bool) {
+			v, ok := rs.stageP50[at{phase, c, 0, false, round}]
+			return v, ok
+		}
+		floor := func(round int) (float64, bool) {
+			v, ok := rs.floorP50[round]
+			return v, ok
+		}
+		if q, ok := rs.ratio(q, stage, floor); ok {
+			out = append(out, q)
+		}
 	}
 	return out
 }
@@ -328,54 +473,148 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
-// WriteTable writes the summary for people: the floor, a row per RPC of
+// WriteTable writes the summary for people: the floors, a row per RPC of
 // each measurement (medians over the rounds), the ratios and the cleanup.
 func (r *Report) WriteTable(w io.Writer) error {
 	var b strings.Builder
+	r.writeHeader(&b)
+	if err := r.writeSummary(&b); err != nil {
+		return err
+	}
+	r.writeRatios(&b)
+	r.writeCleanup(&b)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeHeader writes what was measured, and the floors.
+func (r *Report) writeHeader(b *strings.Builder) {
 	t := r.Target
-	fmt.Fprintf(&b, "csid bench: %s %s at %s, node %q; %d round(s), %d units per measurement, %s %s volumes of %d bytes\n",
+	fmt.Fprintf(b, "csid bench: %s %s at %s, node %q; %d round(s), %d units per measurement, %s %s volumes of %d bytes\n",
 		t.Driver, t.Version, t.Endpoint, t.NodeID, r.Config.Rounds, r.Config.Count, r.Config.AccessType, r.Config.FsType, r.Config.SizeBytes)
+	if bl := r.Baseline; bl != nil {
+		fmt.Fprintf(b, "baseline, measured in the same run: %s %s at %s, node %q\n", bl.Driver, bl.Version, bl.Endpoint, bl.NodeID)
+	}
 	fl := r.Floor
-	fmt.Fprintf(&b, "floor (concurrency 1, same run): Probe p50 %s p99 %s; bbolt.Update p50 %s p99 %s (in %s, %s)\n\n",
+	fmt.Fprintf(b, "floor (concurrency 1, same run): Probe p50 %s p99 %s; bbolt.Update p50 %s p99 %s (in %s, %s)\n",
 		ms(fl.Probe.P50), ms(fl.Probe.P99), ms(fl.BoltUpdate.P50), ms(fl.BoltUpdate.P99), fl.Dir, fl.FSType)
-	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\tconc\texisting\trpc\tcount\terrors\tops/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\t")
+	switch {
+	case fl.MkfsMount != nil:
+		fmt.Fprintf(b, "floor of a stage (concurrency 1, same run, before each lifecycle): mkfs.%s + mount of %d bytes p50 %s p99 %s",
+			r.Config.FsType, r.Config.SizeBytes, ms(fl.MkfsMount.P50), ms(fl.MkfsMount.P99))
+		if mkfs, mount, ok := r.floorParts(); ok {
+			fmt.Fprintf(b, " (mkfs p50 %s, mount p50 %s)", ms(mkfs), ms(mount))
+		}
+		b.WriteString("\n")
+	case fl.MkfsMountAbsent != "":
+		fmt.Fprintf(b, "floor of a stage (mkfs + mount): not measured: %s\n", fl.MkfsMountAbsent)
+	}
+	b.WriteString("\n")
+}
+
+// floorParts returns the summary's p50s of the mkfs+mount floor's parts.
+func (r *Report) floorParts() (mkfs, mount float64, ok bool) {
+	for _, s := range r.Summary {
+		if s.Phase == string(PhaseFloor) && s.Unit == methodMkfsMount {
+			a, okA := rpcOf(s, methodMkfs)
+			b, okB := rpcOf(s, methodMount)
+			return a.P50, b.P50, okA && okB
+		}
+	}
+	return 0, 0, false
+}
+
+// writeSummary writes a row per RPC of each measurement; with a baseline,
+// a first column says which endpoint it is.
+func (r *Report) writeSummary(b *strings.Builder) error {
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	col := func(s Result) string {
+		switch {
+		case r.Baseline == nil:
+			return ""
+		case s.Baseline:
+			return "baseline\t"
+		default:
+			return "target\t"
+		}
+	}
+	head := "phase\tconc\texisting\trpc\tcount\terrors\tops/s\tp50 ms\tp90 ms\tp99 ms\tmax ms\t"
+	if r.Baseline != nil {
+		head = "endpoint\t" + head
+	}
+	fmt.Fprintln(tw, head)
 	for _, s := range r.Summary {
 		if s.Phase == string(PhaseFloor) {
 			continue
 		}
 		if len(s.RPCs) != 1 || s.RPCs[0].Method != s.Unit {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%.1f\t\t\t\t\t\n", s.Phase, s.Concurrency, s.Existing, "("+s.Unit+")",
+			fmt.Fprintf(tw, "%s%s\t%d\t%d\t%s\t%d\t%d\t%.1f\t\t\t\t\t\n", col(s), s.Phase, s.Concurrency, s.Existing, "("+s.Unit+")",
 				s.Count, s.Errors, s.OpsPerSecond)
 		}
 		for _, st := range s.RPCs {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\t%.1f\t%s\t%s\t%s\t%s\t\n", s.Phase, s.Concurrency, s.Existing, st.Method,
+			fmt.Fprintf(tw, "%s%s\t%d\t%d\t%s\t%d\t%d\t%.1f\t%s\t%s\t%s\t%s\t\n", col(s), s.Phase, s.Concurrency, s.Existing, st.Method,
 				st.Count, st.Errors, st.OpsPerSecond, ms(st.P50), ms(st.P90), ms(st.P99), ms(st.Max))
 		}
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if len(r.Ratios) > 0 {
-		b.WriteString("\nratios of ops/s, median of the rounds' ratios:\n")
-		for _, q := range r.Ratios {
-			var what string
-			if q.Kind == "concurrency" {
-				what = fmt.Sprintf("%s at concurrency %d / %d (%d existing)", q.Phase, q.Numerator.Concurrency, q.Denominator.Concurrency, q.Numerator.Existing)
-			} else {
-				what = fmt.Sprintf("%s with %d existing volumes / %d (concurrency %d)", q.Phase, q.Numerator.Existing, q.Denominator.Existing, q.Numerator.Concurrency)
-			}
-			per := make([]string, len(q.PerRound))
-			for i, x := range q.PerRound {
-				per[i] = fmt.Sprintf("%.2f", x)
-			}
-			fmt.Fprintf(&b, "  %s: %.2fx  [%s]\n", what, q.Value, strings.Join(per, " "))
+	return tw.Flush()
+}
+
+// writeRatios writes the ratios of rates, then those of latency over the
+// floor.
+func (r *Report) writeRatios(b *strings.Builder) {
+	var rates, floors []Ratio
+	for _, q := range r.Ratios {
+		if q.Kind == "floor" {
+			floors = append(floors, q)
+		} else {
+			rates = append(rates, q)
 		}
 	}
+	if len(rates) > 0 {
+		b.WriteString("\nratios of ops/s, median of the rounds' ratios:\n")
+		for _, q := range rates {
+			writeRatio(b, q)
+		}
+	}
+	if len(floors) > 0 {
+		b.WriteString("\nlatency over the floor (lower is better), median of the rounds' ratios:\n")
+		for _, q := range floors {
+			writeRatio(b, q)
+		}
+	}
+}
+
+// writeRatio writes one ratio's line.
+func writeRatio(b *strings.Builder, q Ratio) {
+	of := ""
+	if q.Baseline {
+		of = " of the baseline"
+	}
+	var what string
+	switch q.Kind {
+	case "concurrency":
+		what = fmt.Sprintf("%s%s at concurrency %d / %d (%d existing)", q.Phase, of, q.Numerator.Concurrency, q.Denominator.Concurrency, q.Numerator.Existing)
+	case "existing":
+		what = fmt.Sprintf("%s%s with %d existing volumes / %d (concurrency %d)", q.Phase, of, q.Numerator.Existing, q.Denominator.Existing, q.Numerator.Concurrency)
+	case "endpoint":
+		what = fmt.Sprintf("%s at concurrency %d (%d existing), target / baseline", q.Phase, q.Numerator.Concurrency, q.Numerator.Existing)
+	case "floor":
+		what = fmt.Sprintf("%s %s p50 at concurrency %d / mkfs+mount floor p50", q.Phase, q.Method, q.Numerator.Concurrency)
+	}
+	per := make([]string, len(q.PerRound))
+	for i, x := range q.PerRound {
+		per[i] = fmt.Sprintf("%.2f", x)
+	}
+	fmt.Fprintf(b, "  %s: %.2fx  [%s]\n", what, q.Value, strings.Join(per, " "))
+}
+
+// writeCleanup writes what the run left, whether it was cut short, and the
+// first errors.
+func (r *Report) writeCleanup(b *strings.Builder) {
 	c := r.Cleanup
-	fmt.Fprintf(&b, "\ncleanup: %d created, %d deleted", c.Created, c.Deleted)
+	fmt.Fprintf(b, "\ncleanup: %d created, %d deleted", c.Created, c.Deleted)
 	if c.Recovered > 0 {
-		fmt.Fprintf(&b, ", %d of killed runs", c.Recovered)
+		fmt.Fprintf(b, ", %d of killed runs", c.Recovered)
 	}
 	switch {
 	case !c.Verified:
@@ -383,19 +622,17 @@ func (r *Report) WriteTable(w io.Writer) error {
 	case len(c.Leftover) == 0:
 		b.WriteString("; ListVolumes shows none left\n")
 	default:
-		fmt.Fprintf(&b, "; LEFT BEHIND: %s\n", strings.Join(c.Leftover, " "))
+		fmt.Fprintf(b, "; LEFT BEHIND: %s\n", strings.Join(c.Leftover, " "))
 	}
 	if r.Interrupted {
 		b.WriteString("interrupted: the figures cover what ran\n")
 	}
 	if r.Errors.Count > 0 {
-		fmt.Fprintf(&b, "%d units failed; the first errors:\n", r.Errors.Count)
+		fmt.Fprintf(b, "%d units failed; the first errors:\n", r.Errors.Count)
 		for _, e := range r.Errors.First {
-			fmt.Fprintf(&b, "  %s\n", e)
+			fmt.Fprintf(b, "  %s\n", e)
 		}
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }
 
 // ms formats seconds as milliseconds.

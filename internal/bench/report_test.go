@@ -3,7 +3,9 @@ package bench
 import (
 	"bytes"
 	"encoding/xml"
+	"fmt"
 	"io"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +99,11 @@ func TestSummaryAndOutputs(t *testing.T) {
 			t.Errorf("the table lacks %q:\n%s", want, table.String())
 		}
 	}
+	for _, absent := range []string{"baseline", "endpoint", "floor of a stage", "latency over the floor"} {
+		if strings.Contains(table.String(), absent) {
+			t.Errorf("a run of one endpoint without the mkfs+mount floor shows %q:\n%s", absent, table.String())
+		}
+	}
 	if err := rep.WriteSVG(&svg); err != nil {
 		t.Fatal(err)
 	}
@@ -110,5 +117,64 @@ func TestSummaryAndOutputs(t *testing.T) {
 	}
 	if err := rep.WriteJSON(&js); err != nil || !strings.Contains(js.String(), `"schema": "csid.bench/v1"`) {
 		t.Fatalf("%v\n%s", err, js.String())
+	}
+}
+
+// TestRatiosOfBaselineAndFloor: with a baseline, each endpoint has its own
+// concurrency ratios and the "endpoint" ratios divide the endpoint's rate by
+// the baseline's at the same point, round by round; the "floor" ratio
+// divides the lifecycle's NodeStageVolume p50 by the round's mkfs+mount
+// floor p50. The table shows the endpoint column and both kinds.
+func TestRatiosOfBaselineAndFloor(t *testing.T) {
+	life := func(round, conc int, baseline bool, rate, stage float64) Result {
+		return Result{Phase: "lifecycle", Round: round, Concurrency: conc, Baseline: baseline, Unit: "lifecycle", Count: 10,
+			OpsPerSecond: rate, RPCs: []RPCStats{{Method: "CreateVolume", Count: 10, P50: 0.001}, {Method: "NodeStageVolume", Count: 10, P50: stage}}}
+	}
+	floor := func(round int, p50 float64) Result {
+		return Result{Phase: "floor", Round: round, Concurrency: 1, Unit: "mkfs+mount", Count: 3,
+			RPCs: []RPCStats{{Method: "mkfs+mount", Count: 3, P50: p50}, {Method: "mkfs", Count: 3, P50: p50 * 0.75}, {Method: "mount", Count: 3, P50: p50 / 4}}}
+	}
+	results := []Result{
+		floor(1, 0.010), life(1, 1, false, 20, 0.012), life(1, 1, true, 100, 0.001), life(1, 8, false, 40, 0.030), life(1, 8, true, 400, 0.002),
+		floor(2, 0.020), life(2, 8, true, 200, 0.002), life(2, 8, false, 10, 0.050), life(2, 1, true, 50, 0.001), life(2, 1, false, 10, 0.030),
+	}
+	got := map[string]Ratio{}
+	for _, q := range ratios(results) {
+		got[fmt.Sprintf("%s %v %d", q.Kind, q.Baseline, q.Numerator.Concurrency)] = q
+	}
+	for key, want := range map[string]float64{
+		"concurrency false 8": (2 + 1) / 2.0, "concurrency true 8": 4,
+		"endpoint false 1": (0.2 + 0.2) / 2, "endpoint false 8": (0.1 + 0.05) / 2,
+		"floor false 1": (1.2 + 1.5) / 2, "floor false 8": (3 + 2.5) / 2,
+	} {
+		q, ok := got[key]
+		if !ok || math.Abs(q.Value-want) > 1e-9 || len(q.PerRound) != 2 {
+			t.Errorf("%s: %+v, want %v", key, q, want)
+		}
+		delete(got, key)
+	}
+	if len(got) != 0 {
+		t.Errorf("other ratios: %+v", got)
+	}
+	rep := &Report{Schema: Schema, Results: results, Config: ReportConfig{Rounds: 2, Count: 10, FsType: "ext4", SizeBytes: 64 << 20},
+		Baseline: &Target{Endpoint: "/b.sock", Driver: "other"}}
+	rep.Summary, rep.Ratios = summary(rep.Results), ratios(rep.Results)
+	rep.Floor.MkfsMount = &rep.Summary[0].RPCs[0]
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"baseline, measured in the same run: other  at /b.sock",
+		"mkfs.ext4 + mount of 67108864 bytes p50 15.00 p99 - (mkfs p50 11.25, mount p50 3.750)",
+		"endpoint      phase  conc",
+		"  baseline  lifecycle     8",
+		"lifecycle at concurrency 8 (0 existing), target / baseline: 0.08x  [0.10 0.05]",
+		"lifecycle of the baseline at concurrency 8 / 1 (0 existing): 4.00x  [4.00 4.00]",
+		"lifecycle NodeStageVolume p50 at concurrency 1 / mkfs+mount floor p50: 1.35x  [1.20 1.50]",
+	} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("the table lacks %q:\n%s", want, table.String())
+		}
 	}
 }

@@ -102,6 +102,26 @@ var mkfsArgs = map[string][]string{
 	"xfs":  {"-q"},
 }
 
+// FormatCommand returns the program and arguments FormatAndMount formats a
+// blank device with as fsType; ok is false for a filesystem csid does not
+// format. csid bench runs the same command for its mkfs+mount floor.
+func FormatCommand(fsType, device string) (name string, args []string, ok bool) {
+	opts, ok := mkfsArgs[fsType]
+	if !ok {
+		return "", nil, false
+	}
+	return "mkfs." + fsType, append(slices.Clone(opts), device), true
+}
+
+// MountCommand returns the arguments of mount(8) that FormatAndMount mounts
+// device's fsType filesystem at target with (target is /proc/self/fd/3
+// there: the directory it opened). csid bench runs the same command for its
+// mkfs+mount floor.
+func MountCommand(device, target, fsType string, options []string) []string {
+	args, _ := mountutils.MakeMountArgsSensitiveWithMountFlags(device, target, fsType, options, nil, []string{"--no-canonicalize"})
+	return args
+}
+
 // FormatAndMount formats device if a successful probe finds it blank and
 // mounts it at target; see Mounter. A blank device is not formatted for a
 // read-only mount ("ro" among the options): that is an error. A format is
@@ -163,8 +183,8 @@ func (m *Linux) prepareDevice(ctx context.Context, device, fsType string, option
 			return fmt.Errorf("%s is blank and the mount is read-only: csid formats only for read-write mounts", device)
 		}
 		zerolog.Ctx(ctx).Info().Str("device", device).Str("fs", fsType).Msg("formatting a blank device")
-		args := append(slices.Clone(mkfsArgs[fsType]), device)
-		if _, err := m.run(ctx, "mkfs."+fsType, args...); err != nil {
+		name, args, _ := FormatCommand(fsType, device) // FormatAndMount checked fsType
+		if _, err := m.run(ctx, name, args...); err != nil {
 			return fmt.Errorf("format %s as %s: %w", device, fsType, err)
 		}
 		crash.Point(crash.MounterAfterFormat)
@@ -189,7 +209,7 @@ func (m *Linux) prepareDevice(ctx context.Context, device, fsType string, option
 // runs to completion. The options are not repeated in the error: the CSI
 // spec lets mount flags be sensitive.
 func (m *Linux) mountFilesystem(ctx context.Context, device string, target *os.File, fsType string, options []string) error {
-	args, _ := mountutils.MakeMountArgsSensitiveWithMountFlags(device, "/proc/self/fd/3", fsType, options, nil, []string{"--no-canonicalize"})
+	args := MountCommand(device, "/proc/self/fd/3", fsType, options)
 	if _, err := m.tools.runWith(ctx, []*os.File{target}, "mount", args...); err != nil {
 		var xe *execError
 		if errors.As(err, &xe) {

@@ -1,0 +1,207 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/csid-dev/csid/internal/loopdev"
+	"github.com/csid-dev/csid/internal/mounter"
+)
+
+// The methods of the mkfs+mount floor: the timed unit, and its two parts.
+const (
+	methodMkfsMount = "mkfs+mount"
+	methodMkfs      = "mkfs"
+	methodMount     = "mount"
+)
+
+// releaseTimeout bounds the wait for the kernel to let a floor's loop
+// device go (udev may hold it open for a moment after the unmount).
+const releaseTimeout = 30 * time.Second
+
+// mkfsFloor is where the mkfs+mount floor works, in the run's scratch
+// directory (on the driver's state file system): the image each sample
+// makes and removes, and the directory it is mounted on. Nothing else is
+// ever touched: the image is created exclusively, and the mount point is
+// unmounted only where a sample mounted it.
+type mkfsFloor struct {
+	image, mnt string
+	size       int64
+	fsType     string
+}
+
+// openMkfsFloor makes the mkfs+mount floor's mount point in the scratch
+// directory when the run measures that floor; otherwise it records why not
+// (when the lifecycle runs: the floor belongs to it) and returns nil.
+func (r *runner) openMkfsFloor(scratch string) (*mkfsFloor, error) {
+	if why := r.mkfsFloorAbsent(); why != "" {
+		if slices.Contains(r.cfg.Phases, PhaseLifecycle) {
+			r.report.Floor.MkfsMountAbsent = why
+		}
+		return nil, nil
+	}
+	f := &mkfsFloor{image: filepath.Join(scratch, scratchImage), mnt: filepath.Join(scratch, scratchMount),
+		size: r.cfg.SizeBytes, fsType: r.cfg.FsType}
+	if err := os.Mkdir(f.mnt, 0o700); err != nil {
+		return nil, fmt.Errorf("mkfs+mount floor: %w", err)
+	}
+	return f, nil
+}
+
+// mkfsFloorAbsent says why the run does not measure the mkfs+mount floor,
+// or "" when it does.
+func (r *runner) mkfsFloorAbsent() string {
+	switch {
+	case r.cfg.MkfsFloorSamples < 0:
+		return "not asked for (negative sample count)"
+	case !slices.Contains(r.cfg.Phases, PhaseLifecycle):
+		return "the lifecycle phase does not run"
+	case r.cfg.AccessType != "mount":
+		return "block volumes are neither formatted nor mounted"
+	case os.Geteuid() != 0:
+		return "not root: binding a loop device and mounting need root"
+	}
+	name, _, ok := mounter.FormatCommand(r.cfg.FsType, "")
+	if !ok {
+		return fmt.Sprintf("csid does not format %s (ext4, ext3 and xfs only)", r.cfg.FsType)
+	}
+	if _, err := exec.LookPath(name); err != nil {
+		return fmt.Sprintf("%s is not installed: %v", name, err)
+	}
+	return ""
+}
+
+// mkfsFloor measures the mkfs+mount floor of a round: MkfsFloorSamples
+// samples at concurrency 1, right before the round's lifecycle phase.
+func (r *runner) mkfsFloor(ctx context.Context, round int, f *mkfsFloor) Result {
+	res := Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: methodMkfsMount, Count: r.cfg.MkfsFloorSamples}
+	return r.floorSamples(ctx, res, fmt.Sprintf("round %d floor mkfs+mount", round), func(s *samples) error {
+		mkfs, mount, err := f.sample(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.add(methodMkfsMount, 0, true)
+		case err == nil:
+			s.add(methodMkfsMount, mkfs+mount, false)
+			s.add(methodMkfs, mkfs, false)
+			s.add(methodMount, mount, false)
+		}
+		return err
+	})
+}
+
+// sample makes a sparse image of the run's size, binds it to a loop
+// device, formats it and mounts it as csid's NodeStageVolume does (the
+// timed part: mkfs, then mount), and undoes all of it: unmount, release,
+// remove. What it made is undone also when a step fails; ctx ending stops
+// it between steps, never a tool that runs.
+func (f *mkfsFloor) sample(ctx context.Context) (mkfs, mount time.Duration, err error) {
+	img, err := os.OpenFile(f.image, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return 0, 0, fmt.Errorf("image: %w", err)
+	}
+	defer func() {
+		img.Close()
+		if rerr := os.Remove(f.image); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove the image: %w", rerr))
+		}
+	}()
+	id, err := sparse(img, f.size)
+	if err != nil {
+		return 0, 0, err
+	}
+	dev, err := loopdev.Attach(ctx, img, loopdev.Options{})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		if rerr := loopdev.Release(rctx, dev.Path, id); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	held, err := holdDevice(dev.Path, id)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer held.Close() // before the release: an opener delays it
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	name, args, _ := mounter.FormatCommand(f.fsType, dev.Path) // mkfsFloorAbsent checked fsType
+	t := time.Now()
+	if err := runTool(name, args...); err != nil {
+		return 0, 0, err
+	}
+	mkfs = time.Since(t)
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	t = time.Now()
+	merr := runTool("mount", mounter.MountCommand(dev.Path, f.mnt, f.fsType, nil)...)
+	mount = time.Since(t)
+	// Unmount whatever mount(8) did, also when it failed: only this
+	// sample mounts on its private directory.
+	if uerr := unix.Unmount(f.mnt, unix.UMOUNT_NOFOLLOW); uerr != nil && !errors.Is(uerr, unix.EINVAL) {
+		merr = errors.Join(merr, fmt.Errorf("unmount %s: %w", f.mnt, uerr))
+	}
+	return mkfs, mount, merr
+}
+
+// sparse makes img a sparse file of size bytes and returns its identity.
+func sparse(img *os.File, size int64) (loopdev.FileID, error) {
+	if err := img.Truncate(size); err != nil {
+		return loopdev.FileID{}, fmt.Errorf("image: %w", err)
+	}
+	fi, err := img.Stat()
+	if err != nil {
+		return loopdev.FileID{}, fmt.Errorf("image: %w", err)
+	}
+	return loopdev.IDOf(fi)
+}
+
+// holdDevice opens the loop device at path and proves it is bound to the
+// image id. While it stays open its binding cannot change (see
+// loopdev.BindingOf): the device path given to mkfs and mount is the
+// image's device for as long as they use it.
+func holdDevice(path string, id loopdev.FileID) (*os.File, error) {
+	held, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	b, err := loopdev.BindingOf(held)
+	if err == nil && b.File != id {
+		err = fmt.Errorf("%s is bound to another file than the floor's image", path)
+	}
+	if err != nil {
+		held.Close()
+		return nil, err
+	}
+	return held, nil
+}
+
+// runTool runs a host program to completion with an argument list (no
+// shell). It runs in a process group of its own, so a Ctrl-C at the
+// terminal reaches the bench (which then stops between samples), not the
+// tool: a host tool is never killed midway.
+func runTool(name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
