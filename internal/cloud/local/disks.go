@@ -103,8 +103,10 @@ func (s *state) freshID() diskID {
 	}
 }
 
-// createLocked makes disk d: name entry, image, record. The caller holds
-// the locks of its name and its id.
+// createLocked makes disk d. Its record is written once, unnamed, and
+// fsynced; linked into the name index (durably); the image is made; and
+// the record is linked into place, which makes the disk exist. The caller
+// holds the locks of its name and its id.
 func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
 	id := diskID(d.ID)
 	fail := func(what string, err error) (cloud.Operation, error) {
@@ -112,15 +114,23 @@ func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (clou
 		err = c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure(what, err))
 		return op, err
 	}
-	if err := c.s.name(hash, id); err != nil {
+	record, err := c.s.newRecord(d)
+	if err != nil {
+		return fail("write disk record", err)
+	}
+	defer record.Close()
+	if err := c.s.name(hash, record); err != nil {
 		return fail("index the disk's name", err)
 	}
 	c.s.hit(crash.LocalCreateNamed)
-	if err := createImage(c.s.imagePath(id), d.SizeBytes); err != nil {
+	if err := c.s.createImage(id, d.SizeBytes); err != nil {
 		return fail("create image", err)
 	}
 	c.s.hit(crash.LocalCreateImage)
-	if err := c.s.writeDisk(d); err != nil {
+	if err := linkFile(record, c.s.recordPath(id)); err != nil {
+		return fail("write disk record", err)
+	}
+	if err := syncDir(c.s.disks); err != nil {
 		return fail("write disk record", err)
 	}
 	c.s.hit(crash.LocalCreateRecorded)
@@ -136,28 +146,21 @@ func (c *Cloud) recordedFailure(op *cloud.Operation, kind cloud.OpKind, id diskI
 	return err
 }
 
-// createImage makes a new sparse image of size bytes at path and fsyncs
-// it. Its directory entry is made durable with the record's, in the same
-// directory. An image left by a crash before the record is removed by
-// Open, as one without a record.
-func createImage(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
-	}
-	err = f.Truncate(size)
-	if err == nil {
-		err = f.Sync()
-	}
-	return errors.Join(err, f.Close())
+// createImage makes a new sparse image of size bytes at path, whole or
+// not at all (createFile), and fsyncs it. Its directory entry is made
+// durable with the record's, in the same directory.
+func (s *state) createImage(id diskID, size int64) error {
+	return createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(size) }, true, false)
 }
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name
 // and its id, the record goes first (the disk no longer exists), then its
 // name entry and its image; a crash in between leaves an entry and an image
-// that the next create of the name, or Open, removes. A loop device left
-// bound to the image on this machine is released first; one in use makes
-// the call fail with ErrAttached.
+// that the next create of the name, or Open, removes. A detached disk has
+// no loop device csid made (a detach releases it, under the same lock as
+// the node's binding); one bound by hand is not csid's to release, keeps
+// the deleted image's blocks until its owner releases it, and is shown by
+// csid check.
 func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operation, error) {
 	id, ok := parseDiskID(diskIDStr)
 	if !ok {
@@ -185,9 +188,6 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 		}
 		if d.AttachedTo != "" {
 			return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
-		}
-		if err := c.releaseDevices(ctx, id); err != nil {
-			return err
 		}
 		if err := os.Remove(c.s.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))

@@ -3,8 +3,10 @@ package local
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -36,28 +38,53 @@ func nodeHash(node string) string {
 func (s *state) namePath(hash string) string { return filepath.Join(s.names, hash) }
 func (s *state) nodeDir(hash string) string  { return filepath.Join(s.attached, hash) }
 
-// named reads the name index: the disk the entry of hash points to, or
-// false when there is no entry. An entry that is not a link to a
-// well-formed id is damage, reported.
+// named reads the name index: the disk the entry of hash names, or false
+// when there is no entry. An entry is a hard link to the disk's first
+// record (records are replaced, never rewritten in place, so its content
+// stays the disk's as created). An entry that is not such a record is
+// damage, reported.
 func (s *state) named(hash string) (diskID, bool, error) {
-	target, err := os.Readlink(s.namePath(hash))
+	path := s.namePath(hash)
+	raw, err := readRegular(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return "", false, nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("name index %s: %w", s.namePath(hash), err)
+		return "", false, fmt.Errorf("name index %s: %w", path, err)
 	}
-	id, ok := parseDiskID(target)
-	if !ok {
-		return "", false, fmt.Errorf("name index %s points to %q, not a disk id", s.namePath(hash), target)
+	var rec diskRecord
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return "", false, fmt.Errorf("name index %s: %w", path, err)
+	}
+	id, ok := parseDiskID(rec.Disk.ID)
+	if !ok || nameHash(rec.Disk.Name) != hash {
+		return "", false, fmt.Errorf("name index %s holds disk %q named %q, not one of this name", path, rec.Disk.ID, rec.Disk.Name)
 	}
 	return id, true, nil
 }
 
-// name enters the disk id under hash in the name index, durably. The
-// caller holds the name's lock and has removed any stale entry.
-func (s *state) name(hash string, id diskID) error {
-	if err := os.Symlink(string(id), s.namePath(hash)); err != nil {
+// readRegular reads the regular file at path, never through a link.
+func readRegular(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	return io.ReadAll(f)
+}
+
+// name links the new disk's record file, still unnamed, under hash in the
+// name index, durably. The caller holds the name's lock and has removed
+// any stale entry.
+func (s *state) name(hash string, record *os.File) error {
+	if err := linkFile(record, s.namePath(hash)); err != nil {
 		return err
 	}
 	return syncDir(s.names)
@@ -144,7 +171,7 @@ func (s *state) migrate() error {
 		} else if ok && got != id {
 			return fmt.Errorf("disks %s and %s are both named %q", got, id, d.Name)
 		} else if !ok {
-			if err := os.Symlink(string(id), s.namePath(hash)); err != nil {
+			if err := os.Link(s.recordPath(id), s.namePath(hash)); err != nil {
 				return err
 			}
 		}

@@ -187,3 +187,43 @@ func TestStaleAttachmentDoesNotCount(t *testing.T) {
 		t.Fatalf("attach beyond the limit: %v, want ErrLimitReached", err)
 	}
 }
+
+// An operation log's last line cut short by a kill is passed over: the
+// operations before it are still answered, by another process too.
+func TestCutOperationLogLineIsPassedOver(t *testing.T) {
+	dir := newDir(t)
+	a := open(t, dir, Options{})
+	op, err := a.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: mib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, err := filepath.Glob(filepath.Join(dir, opsDir, "*"+logSuffix))
+	if err != nil || len(logs) != 1 {
+		t.Fatalf("logs: %v, %v", logs, err)
+	}
+	f, err := os.OpenFile(logs[0], os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"version":1,"op":{"id":"op-`); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	b := open(t, dir, Options{})
+	if d, err := b.WaitOperation(context.Background(), op.ID); err != nil || d.Name != "pvc-1" {
+		t.Fatalf("another process's operation before a cut line: %+v, %v", d, err)
+	}
+	// The invariants check reads every line: this one is the test's.
+	if err := os.Truncate(logs[0], int64(len(mustRead(t, logs[0])))-int64(len(`{"version":1,"op":{"id":"op-`))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}

@@ -76,6 +76,8 @@ type Options struct {
 
 	// now is the clock (tests).
 	now func() time.Time
+	// opsPerLog is how many records an operation log takes (tests).
+	opsPerLog int
 	// crash is called at named points of the mutating paths (crash tests).
 	crash func(point string)
 }
@@ -121,8 +123,18 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 		return nil, err
 	}
 	s.crash = opts.crash
+	s.oplog.perLog = opts.opsPerLog
+	if s.oplog.perLog <= 0 {
+		s.oplog.perLog = defaultOpsPerLog
+	}
 	c := &Cloud{s: s, opts: opts}
 	err = s.open(ctx)
+	if err == nil {
+		var f *os.File
+		if f, err = openUnnamed(s.disks); err == nil {
+			f.Close()
+		}
+	}
 	if err == nil {
 		err = s.collectGarbage()
 		if err != nil {
@@ -164,7 +176,7 @@ func (c *Cloud) locked(ctx context.Context, fn func() error, keys ...string) err
 func (c *Cloud) record(kind cloud.OpKind, id diskID, nodeID string, started time.Time, left *cloud.Disk, failed error) (cloud.Operation, error) {
 	op := cloud.Operation{ID: string(newOpID(started)), Kind: kind, DiskID: string(id), NodeID: nodeID, Done: true}
 	rec := opRecord{Op: op, Started: started, Finished: c.opts.now(), Disk: left, Error: recordErr(failed)}
-	if err := c.s.writeOpLocked(rec); err != nil {
+	if err := c.s.writeOp(rec); err != nil {
 		if failed != nil {
 			return cloud.Operation{}, fmt.Errorf("%w (and recording the operation failed: %v)", failed, err)
 		}

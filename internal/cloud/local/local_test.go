@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -159,13 +160,23 @@ func checkInvariants(t *testing.T, dir string) {
 		return
 	}
 	for _, e := range ops {
-		id, ok := parseOpID(strings.TrimSuffix(e.Name(), recSuffix))
-		if !ok {
+		name, ok := strings.CutSuffix(e.Name(), logSuffix)
+		if _, idOK := parseOpID(name); !ok || !idOK {
 			t.Errorf("invariants: stray file ops/%s", e.Name())
 			continue
 		}
-		if _, err := s.readOp(id); err != nil {
+		raw, err := os.ReadFile(filepath.Join(s.ops, e.Name()))
+		if err != nil {
 			t.Errorf("invariants: %v", err)
+			continue
+		}
+		for i, line := range strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n") {
+			var rec opRecord
+			if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Version != recordVersion {
+				t.Errorf("invariants: ops/%s line %d: %v", e.Name(), i+1, err)
+			} else if _, err := s.readOp(opID(rec.Op.ID)); err != nil {
+				t.Errorf("invariants: operation %s: %v", rec.Op.ID, err)
+			}
 		}
 	}
 }
@@ -397,7 +408,8 @@ func TestOperationsArePruned(t *testing.T) {
 	dir := newDir(t)
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	opts := Options{OpKeep: 3, OpRetention: time.Hour, now: clock}
+	// A log a record: pruned record by record, as layout 1 pruned files.
+	opts := Options{OpKeep: 3, OpRetention: time.Hour, now: clock, opsPerLog: 1}
 	c := open(t, dir, opts)
 	var ops []cloud.Operation
 	for i := range 5 {

@@ -33,7 +33,7 @@ import (
 //	attached/<node hash>/<id>
 //	                        the attachment index: an empty file per disk
 //	                        attached to the node
-//	ops/<op-id>.json        operation records
+//	ops/<op-id>.log         operation logs (oplog.go)
 //	.tmp-<name>-*           a write of <name> in progress, in its directory
 //
 // Layout 1 had no indexes: every create read every record to find a name.
@@ -115,6 +115,7 @@ type state struct {
 	ops      string
 	lockF    *os.File
 	locks    *locks
+	oplog    *opLog // nil when only reading (Inspector)
 	// crash, when set (tests only), is called at named points of the
 	// mutating paths.
 	crash func(point string)
@@ -145,6 +146,7 @@ func openState(dir string) (*state, error) {
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
 	s.locks = newLocks(s.lockF)
+	s.oplog = newOpLog(s.ops, 0)
 	return s, nil
 }
 
@@ -163,7 +165,11 @@ func newState(abs string) *state {
 // close releases the directory: closing the lock file drops the layout
 // lock and every key lock with it.
 func (s *state) close() error {
-	return s.lockF.Close()
+	var err error
+	if s.oplog != nil {
+		err = s.oplog.close()
+	}
+	return errors.Join(err, s.lockF.Close())
 }
 
 // hit marks a crash point of the backend's own steps: the drills' (package
@@ -327,6 +333,28 @@ func (s *state) readDisk(id diskID) (cloud.Disk, error) {
 	return rec.Disk, nil
 }
 
+// newRecord writes the record of a new disk into an unnamed file
+// (openUnnamed), fsynced, for linkFile to name.
+func (s *state) newRecord(d cloud.Disk) (*os.File, error) {
+	raw, err := json.Marshal(diskRecord{Version: recordVersion, Disk: d})
+	if err != nil {
+		return nil, err
+	}
+	f, err := openUnnamed(s.disks)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write(raw); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 // writeDisk replaces a disk record atomically and durably.
 func (s *state) writeDisk(d cloud.Disk) error {
 	raw, err := json.Marshal(diskRecord{Version: recordVersion, Disk: d})
@@ -485,88 +513,9 @@ func (r *recordedErr) replay() error {
 	return errors.New(r.Message)
 }
 
-// writeOp stores an operation record, atomically but not durably: an
-// operation of this backend has finished when its call returns
-// (cloud.Operation.Done), so no caller needs its record after a crash of
-// the machine; one lost then reads as forgotten, as a pruned one does. The
-// caller holds the operation's key lock (temporary files are removed by
-// Open under it).
+// writeOp stores an operation record in this process's log (oplog.go).
 func (s *state) writeOp(rec opRecord) error {
-	rec.Version = recordVersion
-	raw, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	return replaceFileWith(s.ops, rec.Op.ID+recSuffix, func(f *os.File) error {
-		_, err := f.Write(raw)
-		return err
-	}, nil, false)
-}
-
-// writeOpLocked is writeOp under the operation's key lock.
-func (s *state) writeOpLocked(rec opRecord) error {
-	id, ok := parseOpID(rec.Op.ID)
-	if !ok {
-		return fmt.Errorf("operation id %q", rec.Op.ID)
-	}
-	// The key is new: only Open's collection of temporary files may hold
-	// it, for a moment.
-	unlock, err := s.lock(context.Background(), opKey(id))
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	return s.writeOp(rec)
-}
-
-func (s *state) readOp(id opID) (opRecord, error) {
-	raw, err := os.ReadFile(s.opPath(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return opRecord{}, fmt.Errorf("operation %s (finished operations are kept for a while, then forgotten): %w", id, cloud.ErrNotFound)
-	}
-	if err != nil {
-		return opRecord{}, err
-	}
-	if len(raw) == 0 {
-		// Written, not yet on disk, when the machine went down (writeOp).
-		return opRecord{}, fmt.Errorf("operation %s (its record was lost in a crash of the machine): %w", id, cloud.ErrNotFound)
-	}
-	var rec opRecord
-	if err := json.Unmarshal(raw, &rec); err != nil {
-		return opRecord{}, fmt.Errorf("operation record %s: %w", s.opPath(id), err)
-	}
-	if rec.Version != recordVersion || rec.Op.ID != string(id) {
-		return opRecord{}, fmt.Errorf("operation record %s: version %d for %q", s.opPath(id), rec.Version, rec.Op.ID)
-	}
-	return rec, nil
-}
-
-// pruneOps forgets finished operations that are both older than maxAge and
-// not among the newest keep. Ids sort by creation time, so no record needs
-// to be read. It takes no lock: an operation's record is written once, and
-// two processes pruning at once both remove what is old.
-func (s *state) pruneOps(now time.Time, keep int, maxAge time.Duration) error {
-	ids, err := recordIDs(s.ops, parseOpID)
-	if err != nil {
-		return err
-	}
-	if len(ids) <= keep {
-		return nil
-	}
-	removed := false
-	for _, id := range ids[:len(ids)-keep] {
-		if now.Sub(opTime(id)) < maxAge {
-			break // sorted by time: the rest are younger
-		}
-		if err := os.Remove(s.opPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		removed = true
-	}
-	if removed {
-		return syncDir(s.ops)
-	}
-	return nil
+	return s.oplog.append(rec)
 }
 
 // freeBytes is the space left for disk images.
@@ -591,13 +540,14 @@ func writeFileAtomic(dir, name string, data []byte) error {
 // file, fsync it, rename it over the old one, fsync the directory. synced,
 // when not nil, is called between the fsync and the rename (a crash point).
 func replaceFile(dir, name string, fill func(*os.File) error, synced func()) error {
-	return replaceFileWith(dir, name, fill, synced, true)
+	return replaceFileWith(dir, name, fill, synced, true, true)
 }
 
 // replaceFileWith is replaceFile, with the fsyncs only when durable: a
 // process killed at any point leaves the old file or the new one either
 // way; only a crash of the machine can lose a write that is not durable.
-func replaceFileWith(dir, name string, fill func(*os.File) error, synced func(), durable bool) error {
+// syncDirectory says whether to fsync the directory (when durable).
+func replaceFileWith(dir, name string, fill func(*os.File) error, synced func(), durable, syncDirectory bool) error {
 	tmp, err := os.CreateTemp(dir, tmpPrefix+name+"-*")
 	if err != nil {
 		return err
@@ -622,7 +572,7 @@ func replaceFileWith(dir, name string, fill func(*os.File) error, synced func(),
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
 		return err
 	}
-	if !durable {
+	if !durable || !syncDirectory {
 		return nil
 	}
 	return syncDir(dir)
