@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -19,24 +20,39 @@ import (
 // root.
 func SmallFS(t testing.TB, sizeBytes int64) string {
 	t.Helper()
+	return MountFS(t, "ext4", sizeBytes)
+}
+
+// MountFS mounts a fresh file system of type fsType (ext2, ext3, ext4, xfs:
+// an image of sizeBytes under the test's temporary directory on a loop
+// device, made with mkfs's extra options mkfsOpts; tmpfs: of that size)
+// and returns its path; it is unmounted when the test ends. Needs root.
+func MountFS(t testing.TB, fsType string, sizeBytes int64, mkfsOpts ...string) string {
+	t.Helper()
 	RequireRoot(t)
 	tmp := t.TempDir()
-	img, dir := filepath.Join(tmp, "smallfs.img"), filepath.Join(tmp, "smallfs")
+	img, dir := filepath.Join(tmp, fsType+".img"), filepath.Join(tmp, fsType)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Create(img)
-	if err == nil {
-		err = f.Truncate(sizeBytes)
-		f.Close()
+	cmds := [][]string{{"mount", "-t", "tmpfs", "-o", "size=" + strconv.FormatInt(sizeBytes, 10), "tmpfs", dir}}
+	if fsType != "tmpfs" {
+		f, err := os.Create(img)
+		if err == nil {
+			err = f.Truncate(sizeBytes)
+			f.Close()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		mkfs := append([]string{"mkfs." + fsType, "-q", "-F", "-m", "0"}, mkfsOpts...)
+		if fsType == "xfs" {
+			mkfs = append([]string{"mkfs.xfs", "-q", "-f"}, mkfsOpts...)
+		}
+		mkfs = append(mkfs, img)
+		cmds = [][]string{mkfs, {"mount", "-t", fsType, "-o", "loop,nosuid,nodev", img, dir}}
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cmd := range [][]string{
-		{"mkfs.ext4", "-q", "-F", "-m", "0", img},
-		{"mount", "-t", "ext4", "-o", "loop,nosuid,nodev", img, dir},
-	} {
+	for _, cmd := range cmds {
 		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %v: %s", cmd, err, out)
 		}

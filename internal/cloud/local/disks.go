@@ -146,11 +146,13 @@ func (c *Cloud) recordedFailure(op *cloud.Operation, kind cloud.OpKind, id diskI
 	return err
 }
 
-// createImage makes a new sparse image of size bytes at path, whole or
-// not at all (createFile), and fsyncs it. Its directory entry is made
-// durable with the record's, in the same directory.
+// createImage makes a new sparse image of size bytes, whole or not at all
+// (createFile). Its size and its directory entry are metadata, made
+// durable with the record's, in the same directory: by the record's
+// directory fsync on a file system that orders its metadata, by an fsync
+// of the image before on any other (syncEarlier).
 func (s *state) createImage(id diskID, size int64) error {
-	return createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(size) }, true, false)
+	return createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(size) }, !s.orderedMeta, false)
 }
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name

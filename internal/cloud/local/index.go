@@ -81,13 +81,13 @@ func readRegular(path string) ([]byte, error) {
 }
 
 // name links the new disk's record file, still unnamed, under hash in the
-// name index, durably. The caller holds the name's lock and has removed
+// name index, durable before the record is (syncEarlier). The caller holds the name's lock and has removed
 // any stale entry.
 func (s *state) name(hash string, record *os.File) error {
 	if err := linkFile(record, s.namePath(hash)); err != nil {
 		return err
 	}
-	return syncDir(s.names)
+	return s.syncEarlier(s.names)
 }
 
 // unname removes the entry of hash if it points to id. The caller holds
@@ -122,13 +122,14 @@ func (s *state) attachments(hash string) ([]diskID, error) {
 	return ids, err
 }
 
-// indexAttachment enters disk id under node hash, durably. The caller
+// indexAttachment enters disk id under node hash, durable before the
+// record says attached (syncEarlier). The caller
 // holds the disk's lock.
 func (s *state) indexAttachment(hash string, id diskID) error {
 	dir := s.nodeDir(hash)
 	switch err := os.Mkdir(dir, 0o700); {
 	case err == nil:
-		if err := syncDir(s.attached); err != nil {
+		if err := s.syncEarlier(s.attached); err != nil {
 			return err
 		}
 	case !errors.Is(err, os.ErrExist):
@@ -141,7 +142,7 @@ func (s *state) indexAttachment(hash string, id diskID) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return syncDir(dir)
+	return s.syncEarlier(dir)
 }
 
 // unindexAttachment removes disk id from node hash's entries. The caller

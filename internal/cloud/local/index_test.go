@@ -6,12 +6,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/testutil"
 )
 
 // Changes of different disks take different locks: while one client holds
@@ -226,4 +228,31 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return raw
+}
+
+// The state directory's file system decides whether earlier steps ride on
+// the record's fsync: xfs and a journalled ext4 journal their metadata in
+// order; tmpfs, ext2 and an ext4 without a journal do not (every step is
+// fsynced there).
+func TestOrderedMetadataIsToldByTheFileSystem(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, tc := range []struct {
+		fs      string
+		mkfs    []string
+		ordered bool
+	}{
+		{"ext4", nil, true},
+		{"ext4", []string{"-O", "^has_journal"}, false},
+		{"xfs", nil, true},
+		{"ext2", nil, false},
+		{"tmpfs", nil, false},
+	} {
+		t.Run(tc.fs+strings.Join(tc.mkfs, ""), func(t *testing.T) {
+			dir := testutil.MountFS(t, tc.fs, 320<<20, tc.mkfs...)
+			got, err := ordersMetadata(dir)
+			if err != nil || got != tc.ordered {
+				t.Fatalf("ordersMetadata on %s %v = %v, %v; want %v", tc.fs, tc.mkfs, got, err, tc.ordered)
+			}
+		})
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	mountutils "k8s.io/mount-utils"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/crash"
@@ -116,6 +117,9 @@ type state struct {
 	lockF    *os.File
 	locks    *locks
 	oplog    *opLog // nil when only reading (Inspector)
+	// orderedMeta: the file system makes metadata changes durable in
+	// the order they were made (see syncEarlier).
+	orderedMeta bool
 	// crash, when set (tests only), is called at named points of the
 	// mutating paths.
 	crash func(point string)
@@ -147,6 +151,10 @@ func openState(dir string) (*state, error) {
 	}
 	s.locks = newLocks(s.lockF)
 	s.oplog = newOpLog(s.ops, 0)
+	if s.orderedMeta, err = ordersMetadata(s.disks); err != nil {
+		s.lockF.Close()
+		return nil, fmt.Errorf("local cloud: %w", err)
+	}
 	return s, nil
 }
 
@@ -576,6 +584,77 @@ func replaceFileWith(dir, name string, fill func(*os.File) error, synced func(),
 		return nil
 	}
 	return syncDir(dir)
+}
+
+// syncEarlier makes the entries of dir durable before any later change is:
+// an fsync of dir, except on a file system that orders its metadata.
+//
+// xfs and a journalled ext4 journal every metadata change (a name created, linked,
+// renamed or removed, a file's size) in the order it was made, commit the
+// journal in that order, and make every earlier change durable with an
+// fsync of any file or directory. There a change that must be durable
+// before a later one (a name entry before its disk's record) needs no
+// fsync of its own: the later one's fsync, which comes before the call
+// returns, makes both durable, and a crash before it leaves the earlier one
+// or neither. Everywhere else each step is fsynced.
+func (s *state) syncEarlier(dir string) error {
+	if s.orderedMeta {
+		return nil
+	}
+	return syncDir(dir)
+}
+
+// ordersMetadata reports whether the file system of dir is one that
+// orders its metadata changes, being journalled: xfs, and ext3 or ext4
+// with a journal (the kernel lists it under /proc/fs/jbd2). ext2, an ext4
+// made without a journal (mkfs.ext4 -O ^has_journal, as some cloud images
+// are), tmpfs and anything else get an fsync for every step. See
+// syncEarlier.
+func ordersMetadata(dir string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", dir, err)
+	}
+	mounts, err := mountutils.ParseMountInfo("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	for _, m := range mounts {
+		if uint32(m.Major) != unix.Major(st.Dev) || uint32(m.Minor) != unix.Minor(st.Dev) {
+			continue
+		}
+		switch m.FsType {
+		case "xfs":
+			return true, nil
+		case "ext3", "ext4":
+			return hasJournal(st.Dev)
+		}
+		return false, nil
+	}
+	return false, nil
+}
+
+// hasJournal reports whether the ext3/ext4 file system on device dev has a
+// journal: jbd2 names its journals /proc/fs/jbd2/<device>-<inode>.
+func hasJournal(dev uint64) (bool, error) {
+	link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(dev), unix.Minor(dev)))
+	if err != nil {
+		return false, nil // no block device behind it: assume the worst
+	}
+	journals, err := os.ReadDir("/proc/fs/jbd2")
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	prefix := filepath.Base(link) + "-"
+	for _, j := range journals {
+		if strings.HasPrefix(j.Name(), prefix) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // syncDir makes the directory entries of dir durable (renames, creations,
