@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -203,33 +201,37 @@ func (s *state) readOpFile(id opID) (opRecord, error) {
 	return rec, nil
 }
 
-// pruneOps forgets finished operations: a log goes once its last record is
-// older than maxAge and the logs begun after it hold at least keep
-// records; a record file of layout 1, once older than maxAge. It takes no
-// lock: two processes pruning at once both remove what is old, and a log
-// still being appended to is never old.
+// pruneOps forgets finished operations: a log goes once it was last
+// appended to longer than maxAge ago (its modification time) and is not
+// one of the newest logs that, full, hold keep records; a record file of
+// layout 1, once older than maxAge. It reads no log: it runs every few
+// dozen operations. It takes no lock: two processes pruning at once both
+// remove what is old, and a log still being appended to is never old.
 func (s *state) pruneOps(now time.Time, keep int, maxAge time.Duration) error {
 	logs, err := listIDs(s.ops, logSuffix, parseOpID)
 	if err != nil {
 		return err
 	}
-	current := ""
+	perLog := defaultOpsPerLog
 	if s.oplog != nil {
-		current = s.oplog.current()
+		perLog = s.oplog.perLog
 	}
-	newer := 0
-	for i := len(logs) - 1; i >= 0; i-- {
+	newest := (keep + perLog - 1) / perLog
+	for i := len(logs) - 1 - newest; i >= 0; i-- {
 		path := filepath.Join(s.ops, string(logs[i])+logSuffix)
-		last, n, err := lastRecord(path)
+		fi, err := os.Lstat(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
-		if newer >= keep && now.Sub(opTime(last)) >= maxAge && filepath.Base(path) != current {
-			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return err
-			}
+		if now.Sub(s.lastAppend(logs[i], fi)) < maxAge {
+			continue
 		}
-		newer += n
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	files, err := recordIDs(s.ops, parseOpID)
 	if err != nil {
@@ -246,29 +248,11 @@ func (s *state) pruneOps(now time.Time, keep int, maxAge time.Duration) error {
 	return nil
 }
 
-// lastRecord is the id of a log's last whole record and how many lines
-// it holds. A log is at most a few hundred KiB.
-func lastRecord(path string) (opID, int, error) {
-	raw, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return "", 0, nil
+// lastAppend is when a log was last appended to: its modification time,
+// but never before its first operation (a clock set back, or a test's).
+func (s *state) lastAppend(first opID, fi os.FileInfo) time.Time {
+	if t := opTime(first); fi.ModTime().Before(t) {
+		return t
 	}
-	if err != nil {
-		return "", 0, err
-	}
-	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
-	for _, line := range slices.Backward(lines) {
-		var rec struct {
-			Op struct {
-				ID string `json:"id"`
-			} `json:"op"`
-		}
-		if json.Unmarshal([]byte(line), &rec) == nil {
-			if id, ok := parseOpID(rec.Op.ID); ok {
-				return id, len(lines), nil
-			}
-		}
-	}
-	// Nothing whole: named after its first operation.
-	return opID(strings.TrimSuffix(filepath.Base(path), logSuffix)), 0, nil
+	return fi.ModTime()
 }
