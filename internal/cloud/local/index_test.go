@@ -256,3 +256,19 @@ func TestOrderedMetadataIsToldByTheFileSystem(t *testing.T) {
 		})
 	}
 }
+
+// A process that has not appended to its operation log for a while starts
+// another, so that it never appends to a log another process pruned as old.
+func TestIdleOperationLogIsNotAppendedTo(t *testing.T) {
+	dir := newDir(t)
+	c := open(t, dir, Options{})
+	create(t, c, "pvc-1", mib)
+	c.s.oplog.mu.Lock()
+	c.s.oplog.last = c.s.oplog.last.Add(-2 * c.s.oplog.maxIdle)
+	c.s.oplog.mu.Unlock()
+	create(t, c, "pvc-2", mib)
+	logs, err := filepath.Glob(filepath.Join(dir, opsDir, "*"+logSuffix))
+	if err != nil || len(logs) != 2 {
+		t.Fatalf("logs after an idle spell: %v, %v; want two", logs, err)
+	}
+}

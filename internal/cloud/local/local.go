@@ -127,6 +127,7 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 	if s.oplog.perLog <= 0 {
 		s.oplog.perLog = defaultOpsPerLog
 	}
+	s.oplog.maxIdle = min(time.Hour, opts.OpRetention/2)
 	c := &Cloud{s: s, opts: opts}
 	err = s.open(ctx)
 	if err == nil {

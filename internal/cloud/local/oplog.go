@@ -42,9 +42,15 @@ type opLog struct {
 	dir    string
 	perLog int
 
+	// maxIdle: a log not appended to for this long is not appended to
+	// again (another process may prune it as old): the next record
+	// starts another.
+	maxIdle time.Duration
+
 	mu     sync.Mutex
 	f      *os.File
 	n      int
+	last   time.Time // of the last append
 	recent map[opID]opRecord // this log's records
 	older  map[opID]opRecord // the previous log's
 }
@@ -53,7 +59,7 @@ func newOpLog(dir string, perLog int) *opLog {
 	if perLog <= 0 {
 		perLog = defaultOpsPerLog
 	}
-	return &opLog{dir: dir, perLog: perLog}
+	return &opLog{dir: dir, perLog: perLog, maxIdle: time.Hour}
 }
 
 // append writes rec to the log.
@@ -67,11 +73,13 @@ func (l *opLog) append(rec opRecord) error {
 	id := opID(rec.Op.ID)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.f == nil || l.n >= l.perLog {
+	now := time.Now()
+	if l.f == nil || l.n >= l.perLog || now.Sub(l.last) > l.maxIdle {
 		if err := l.rotate(id); err != nil {
 			return err
 		}
 	}
+	l.last = now
 	if _, err := l.f.Write(line); err != nil {
 		return fmt.Errorf("append to %s: %w", l.f.Name(), err)
 	}
@@ -206,7 +214,9 @@ func (s *state) readOpFile(id opID) (opRecord, error) {
 // one of the newest logs that, full, hold keep records; a record file of
 // layout 1, once older than maxAge. It reads no log: it runs every few
 // dozen operations. It takes no lock: two processes pruning at once both
-// remove what is old, and a log still being appended to is never old.
+// remove what is old, and a log still being appended to is never old (its
+// process starts another after an hour without appending, well within
+// the retention).
 func (s *state) pruneOps(now time.Time, keep int, maxAge time.Duration) error {
 	logs, err := listIDs(s.ops, logSuffix, parseOpID)
 	if err != nil {
@@ -216,9 +226,16 @@ func (s *state) pruneOps(now time.Time, keep int, maxAge time.Duration) error {
 	if s.oplog != nil {
 		perLog = s.oplog.perLog
 	}
+	current := ""
+	if s.oplog != nil {
+		current = s.oplog.current()
+	}
 	newest := (keep + perLog - 1) / perLog
 	for i := len(logs) - 1 - newest; i >= 0; i-- {
 		path := filepath.Join(s.ops, string(logs[i])+logSuffix)
+		if filepath.Base(path) == current {
+			continue
+		}
 		fi, err := os.Lstat(path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
