@@ -50,7 +50,7 @@ type opLog struct {
 	mu     sync.Mutex
 	f      *os.File
 	n      int
-	last   time.Time // of the last append
+	last   time.Time         // of the last append
 	recent map[opID]opRecord // this log's records
 	older  map[opID]opRecord // the previous log's
 }
