@@ -65,12 +65,9 @@ func (c *Cloud) AttachDisk(ctx context.Context, diskIDStr, nodeID string) (cloud
 	var op cloud.Operation
 	err = c.locked(ctx, func() error {
 		started := c.opts.now()
-		d, err := c.s.readDisk(id)
+		d, err := c.s.readExisting(id)
 		if err != nil {
-			if errors.Is(err, cloud.ErrNotFound) {
-				return err
-			}
-			return ioFailure("read disk", err)
+			return err
 		}
 		switch d.AttachedTo {
 		case nodeID:

@@ -235,12 +235,9 @@ func (c *Cloud) ResizeDisk(ctx context.Context, diskIDStr string, sizeBytes int6
 	var op cloud.Operation
 	err = c.locked(ctx, func() error {
 		started := c.opts.now()
-		d, err := c.s.readDisk(id)
+		d, err := c.s.readExisting(id)
 		if err != nil {
-			if errors.Is(err, cloud.ErrNotFound) {
-				return err
-			}
-			return ioFailure("read disk", err)
+			return err
 		}
 		if d.AttachedTo != "" {
 			return fmt.Errorf("disk %s is attached to %s, and this provider grows detached disks only: %w", id, d.AttachedTo, cloud.ErrAttached)
@@ -288,12 +285,9 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskIDStr string, tags map[s
 	var op cloud.Operation
 	err := c.locked(ctx, func() error {
 		started := c.opts.now()
-		d, err := c.s.readDisk(id)
+		d, err := c.s.readExisting(id)
 		if err != nil {
-			if errors.Is(err, cloud.ErrNotFound) {
-				return err
-			}
-			return ioFailure("read disk", err)
+			return err
 		}
 		merged, changed, err := cloud.MergeTags(d.Tags, tags)
 		if err != nil {

@@ -363,6 +363,16 @@ func (s *state) newRecord(d cloud.Disk) (*os.File, error) {
 	return f, nil
 }
 
+// readExisting reads the record of a disk a change is about: a missing one
+// is ErrNotFound, an unreadable one an ioFailure.
+func (s *state) readExisting(id diskID) (cloud.Disk, error) {
+	d, err := s.readDisk(id)
+	if err != nil && !errors.Is(err, cloud.ErrNotFound) {
+		return cloud.Disk{}, ioFailure("read disk", err)
+	}
+	return d, err
+}
+
 // writeDisk replaces a disk record atomically and durably.
 func (s *state) writeDisk(d cloud.Disk) error {
 	raw, err := json.Marshal(diskRecord{Version: recordVersion, Disk: d})
