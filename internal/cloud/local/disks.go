@@ -104,8 +104,8 @@ func (s *state) freshID() diskID {
 }
 
 // createLocked makes disk d. Its record is written once, unnamed, and
-// fsynced; linked into the name index (durably); the image is made; and
-// the record is linked into place, which makes the disk exist. The caller
+// fsynced, and linked into the name index (durably), while the image is
+// made; then the record is linked into place, which makes the disk exist. The caller
 // holds the locks of its name and its id.
 func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
 	id := diskID(d.ID)
@@ -114,23 +114,34 @@ func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (clou
 		err = c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure(what, err))
 		return op, err
 	}
+	// The image is made while the record is written and named: their
+	// fsyncs are independent, and the device merges flushes that come
+	// together.
+	image := make(chan error, 1)
+	go func() { image <- c.s.createImage(id, d.SizeBytes) }()
 	record, err := c.s.newRecord(d)
+	if err == nil {
+		defer record.Close()
+		if err = c.s.name(hash, record); err != nil {
+			err = fmt.Errorf("index the disk's name: %w", err)
+		}
+	}
+	imageErr := <-image // never left running: the locks are released on return
 	if err != nil {
+		if imageErr == nil {
+			_ = os.Remove(c.s.imagePath(id)) // made here, for this create alone
+		}
 		return fail("write disk record", err)
 	}
-	defer record.Close()
-	if err := c.s.name(hash, record); err != nil {
-		return fail("index the disk's name", err)
-	}
 	c.s.hit(crash.LocalCreateNamed)
-	if err := c.s.createImage(id, d.SizeBytes); err != nil {
-		return fail("create image", err)
+	if imageErr != nil {
+		return fail("create image", imageErr)
 	}
 	c.s.hit(crash.LocalCreateImage)
 	if err := linkFile(record, c.s.recordPath(id)); err != nil {
 		return fail("write disk record", err)
 	}
-	if err := syncDir(c.s.disks); err != nil {
+	if err := c.s.syncDir(c.s.disks); err != nil {
 		return fail("write disk record", err)
 	}
 	c.s.hit(crash.LocalCreateRecorded)
@@ -194,7 +205,7 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 		if err := os.Remove(c.s.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
 		}
-		if err := syncDir(c.s.disks); err != nil {
+		if err := c.s.syncDir(c.s.disks); err != nil {
 			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
 		}
 		c.s.hit(crash.LocalDeleteRemoved)

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -120,6 +121,9 @@ type state struct {
 	// orderedMeta: the file system makes metadata changes durable in
 	// the order they were made (see syncEarlier).
 	orderedMeta bool
+
+	syncersMu sync.Mutex
+	syncers   map[string]*dirSyncer // by directory
 	// crash, when set (tests only), is called at named points of the
 	// mutating paths.
 	crash func(point string)
@@ -379,7 +383,14 @@ func (s *state) writeDisk(d cloud.Disk) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(s.disks, d.ID+recSuffix, raw)
+	err = replaceFileWith(s.disks, d.ID+recSuffix, func(f *os.File) error {
+		_, err := f.Write(raw)
+		return err
+	}, nil, true, false)
+	if err != nil {
+		return err
+	}
+	return s.syncDir(s.disks)
 }
 
 // diskIDs lists the ids of the disks that exist (have a record), sorted.
@@ -611,7 +622,23 @@ func (s *state) syncEarlier(dir string) error {
 	if s.orderedMeta {
 		return nil
 	}
-	return syncDir(dir)
+	return s.syncDir(dir)
+}
+
+// syncDir makes the entries of dir durable, sharing the fsync with the
+// other operations that need one of dir at the same time (dirSyncer).
+func (s *state) syncDir(dir string) error {
+	s.syncersMu.Lock()
+	d := s.syncers[dir]
+	if d == nil {
+		if s.syncers == nil {
+			s.syncers = map[string]*dirSyncer{}
+		}
+		d = newDirSyncer(dir)
+		s.syncers[dir] = d
+	}
+	s.syncersMu.Unlock()
+	return d.sync()
 }
 
 // ordersMetadata reports whether the file system of dir is one that
