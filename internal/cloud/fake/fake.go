@@ -341,6 +341,20 @@ func (c *Cloud) begin(method string, kind cloud.OpKind, diskID, nodeID string) *
 }
 
 // refuse ends a call that started no operation; the caller holds c.mu.
+// beginChange logs the call of a change to disk diskID and refuses it, as
+// logged, when a failure is set for its kind or the id is malformed. The
+// caller holds c.mu.
+func (c *Cloud) beginChange(method string, kind cloud.OpKind, diskID, nodeID string) (*Call, error) {
+	call := c.begin(method, kind, diskID, nodeID)
+	if err := take(c.failCalls, kind); err != nil {
+		return call, c.refuse(call, err)
+	}
+	if !diskIDPattern.MatchString(diskID) {
+		return call, c.refuse(call, invalidDiskID(diskID))
+	}
+	return call, nil
+}
+
 func (c *Cloud) refuse(call *Call, err error) error {
 	call.End = c.opts.Now()
 	call.Err = err
@@ -408,12 +422,9 @@ func (c *Cloud) CreateDisk(_ context.Context, spec cloud.DiskSpec) (cloud.Operat
 func (c *Cloud) DeleteDisk(_ context.Context, diskID string) (cloud.Operation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	call := c.begin("DeleteDisk", cloud.OpDelete, diskID, "")
-	if err := take(c.failCalls, cloud.OpDelete); err != nil {
-		return cloud.Operation{}, c.refuse(call, err)
-	}
-	if !diskIDPattern.MatchString(diskID) {
-		return cloud.Operation{}, c.refuse(call, invalidDiskID(diskID))
+	call, err := c.beginChange("DeleteDisk", cloud.OpDelete, diskID, "")
+	if err != nil {
+		return cloud.Operation{}, err
 	}
 	d, ok := c.disks[diskID]
 	if !ok {
@@ -444,12 +455,9 @@ func (c *Cloud) DeleteDisk(_ context.Context, diskID string) (cloud.Operation, e
 func (c *Cloud) AttachDisk(_ context.Context, diskID, nodeID string) (cloud.Operation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	call := c.begin("AttachDisk", cloud.OpAttach, diskID, nodeID)
-	if err := take(c.failCalls, cloud.OpAttach); err != nil {
-		return cloud.Operation{}, c.refuse(call, err)
-	}
-	if !diskIDPattern.MatchString(diskID) {
-		return cloud.Operation{}, c.refuse(call, invalidDiskID(diskID))
+	call, err := c.beginChange("AttachDisk", cloud.OpAttach, diskID, nodeID)
+	if err != nil {
+		return cloud.Operation{}, err
 	}
 	d, ok := c.disks[diskID]
 	if !ok || !d.created {
@@ -499,12 +507,9 @@ func (c *Cloud) attachedTo(nodeID string) int {
 func (c *Cloud) DetachDisk(_ context.Context, diskID, nodeID string) (cloud.Operation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	call := c.begin("DetachDisk", cloud.OpDetach, diskID, nodeID)
-	if err := take(c.failCalls, cloud.OpDetach); err != nil {
-		return cloud.Operation{}, c.refuse(call, err)
-	}
-	if !diskIDPattern.MatchString(diskID) {
-		return cloud.Operation{}, c.refuse(call, invalidDiskID(diskID))
+	call, err := c.beginChange("DetachDisk", cloud.OpDetach, diskID, nodeID)
+	if err != nil {
+		return cloud.Operation{}, err
 	}
 	d, ok := c.disks[diskID]
 	if !ok || !d.created {
@@ -529,12 +534,9 @@ func (c *Cloud) DetachDisk(_ context.Context, diskID, nodeID string) (cloud.Oper
 func (c *Cloud) ResizeDisk(_ context.Context, diskID string, sizeBytes int64) (cloud.Operation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	call := c.begin("ResizeDisk", cloud.OpResize, diskID, "")
-	if err := take(c.failCalls, cloud.OpResize); err != nil {
-		return cloud.Operation{}, c.refuse(call, err)
-	}
-	if !diskIDPattern.MatchString(diskID) {
-		return cloud.Operation{}, c.refuse(call, invalidDiskID(diskID))
+	call, err := c.beginChange("ResizeDisk", cloud.OpResize, diskID, "")
+	if err != nil {
+		return cloud.Operation{}, err
 	}
 	size, err := checkSize(sizeBytes)
 	if err != nil {
@@ -575,12 +577,9 @@ func (c *Cloud) ResizeDisk(_ context.Context, diskID string, sizeBytes int64) (c
 func (c *Cloud) UpdateDiskTags(_ context.Context, diskID string, tags map[string]string) (cloud.Operation, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	call := c.begin("UpdateDiskTags", cloud.OpTag, diskID, "")
-	if err := take(c.failCalls, cloud.OpTag); err != nil {
-		return cloud.Operation{}, c.refuse(call, err)
-	}
-	if !diskIDPattern.MatchString(diskID) {
-		return cloud.Operation{}, c.refuse(call, invalidDiskID(diskID))
+	call, err := c.beginChange("UpdateDiskTags", cloud.OpTag, diskID, "")
+	if err != nil {
+		return cloud.Operation{}, err
 	}
 	d, ok := c.disks[diskID]
 	if !ok || !d.created {
