@@ -163,7 +163,7 @@ func (c *Cloud) recordedFailure(op *cloud.Operation, kind cloud.OpKind, id diskI
 // directory fsync on a file system that orders its metadata, by an fsync
 // of the image before on any other (syncEarlier).
 func (s *state) createImage(id diskID, size int64) error {
-	return createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(size) }, !s.orderedMeta, false)
+	return createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(size) }, !s.orderedMeta)
 }
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name

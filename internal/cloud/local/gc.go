@@ -58,8 +58,8 @@ func (s *state) collectTemporary() error {
 }
 
 // tmpKey is the key lock under which a temporary file in dir, named
-// tmpPrefix+rest, is written; "" for a name csid never writes (removed
-// without a lock).
+// tmpPrefix+rest, is written; "" for a name csid no longer writes (a
+// record of layout 1, or a stranger: removed without a lock).
 func (s *state) tmpKey(dir, rest string) string {
 	switch dir {
 	case s.disks:
@@ -68,12 +68,6 @@ func (s *state) tmpKey(dir, rest string) string {
 				if id, ok := parseDiskID(rest[:i]); ok {
 					return diskKey(id)
 				}
-			}
-		}
-	case s.ops:
-		if i := strings.Index(rest, recSuffix+"-"); i > 0 {
-			if id, ok := parseOpID(rest[:i]); ok {
-				return opKey(id)
 			}
 		}
 	case s.dir:

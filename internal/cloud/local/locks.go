@@ -65,8 +65,6 @@ func diskKey(id diskID) string     { return "disk/" + string(id) }
 func nameKey(hash string) string   { return "name/" + hash }
 func attachKey(hash string) string { return "attached/" + hash }
 
-func opKey(id opID) string { return "op/" + string(id) }
-
 const nodesKey = "nodes"
 
 // lock takes the locks of keys, in the order given (callers take a name's

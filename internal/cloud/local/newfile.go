@@ -17,10 +17,9 @@ import (
 // btrfs, tmpfs do); Open says so when it does not.
 
 // createFile makes dir/name, which must not exist yet (os.ErrExist), with
-// the content fill writes, fsynced when durable; syncDirectory then also
-// makes its directory entry durable (a caller whose next write in dir
-// fsyncs the directory passes false).
-func createFile(dir, name string, fill func(*os.File) error, durable, syncDirectory bool) error {
+// the content fill writes, fsynced when durable. Making its directory
+// entry durable (an fsync of dir) is the caller's.
+func createFile(dir, name string, fill func(*os.File) error, durable bool) error {
 	f, err := openUnnamed(dir)
 	if err != nil {
 		return err
@@ -34,13 +33,7 @@ func createFile(dir, name string, fill func(*os.File) error, durable, syncDirect
 			return err
 		}
 	}
-	if err := linkFile(f, dirPath(dir, name)); err != nil {
-		return err
-	}
-	if durable && syncDirectory {
-		return syncDir(dir)
-	}
-	return nil
+	return linkFile(f, dirPath(dir, name))
 }
 
 // openUnnamed opens a new unnamed file in dir (O_TMPFILE), for linkFile.

@@ -383,11 +383,7 @@ func (s *state) writeDisk(d cloud.Disk) error {
 	if err != nil {
 		return err
 	}
-	err = replaceFileWith(s.disks, d.ID+recSuffix, func(f *os.File) error {
-		_, err := f.Write(raw)
-		return err
-	}, nil, true, false)
-	if err != nil {
+	if err := replaceFile(s.disks, d.ID+recSuffix, raw); err != nil {
 		return err
 	}
 	return s.syncDir(s.disks)
@@ -556,55 +552,33 @@ func (s *state) freeBytes() (int64, error) {
 	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
-// writeFileAtomic replaces dir/name with data; see replaceFile.
+// writeFileAtomic replaces dir/name with data, durably: replaceFile, then
+// an fsync of dir.
 func writeFileAtomic(dir, name string, data []byte) error {
-	return replaceFile(dir, name, func(f *os.File) error {
-		_, err := f.Write(data)
+	if err := replaceFile(dir, name, data); err != nil {
 		return err
-	}, nil)
+	}
+	return syncDir(dir)
 }
 
-// replaceFile replaces dir/name with the file fill writes, such that a crash
-// leaves either the old file or the new one, never a mix: fill a temporary
-// file, fsync it, rename it over the old one, fsync the directory. synced,
-// when not nil, is called between the fsync and the rename (a crash point).
-func replaceFile(dir, name string, fill func(*os.File) error, synced func()) error {
-	return replaceFileWith(dir, name, fill, synced, true, true)
-}
-
-// replaceFileWith is replaceFile, with the fsyncs only when durable: a
-// process killed at any point leaves the old file or the new one either
-// way; only a crash of the machine can lose a write that is not durable.
-// syncDirectory says whether to fsync the directory (when durable).
-func replaceFileWith(dir, name string, fill func(*os.File) error, synced func(), durable, syncDirectory bool) error {
+// replaceFile replaces dir/name with data, such that a crash leaves either
+// the old file or the new one, never a mix: write a temporary file, fsync
+// it, rename it over the old one. Making the rename durable (an fsync of
+// dir) is the caller's.
+func replaceFile(dir, name string, data []byte) error {
 	tmp, err := os.CreateTemp(dir, tmpPrefix+name+"-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // after a successful rename this finds nothing
-	if err := fill(tmp); err != nil {
-		tmp.Close()
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if err = errors.Join(err, tmp.Close()); err != nil {
 		return err
 	}
-	if durable {
-		if err := tmp.Sync(); err != nil {
-			tmp.Close()
-			return err
-		}
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if synced != nil {
-		synced()
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	if !durable || !syncDirectory {
-		return nil
-	}
-	return syncDir(dir)
+	return os.Rename(tmp.Name(), filepath.Join(dir, name))
 }
 
 // syncEarlier makes the entries of dir durable before any later change is:
