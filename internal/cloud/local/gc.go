@@ -129,12 +129,23 @@ func (s *state) noRecord(id diskID) (bool, error) {
 	return false, err
 }
 
-// collectNames removes name entries whose disk has no record. A damaged
-// entry (not a link to a disk id) is left for csid check to show.
+// collectNames removes name entries whose disk has no record. Every disk
+// has its entry, made before its record and removed after it, so there can
+// be a stale entry only when there are more entries than records: then,
+// and only then (a crash cut a create or a delete short), each entry is
+// read. A damaged entry (not a record of a disk of its name) is left where
+// it is: a create of its name reports it.
 func (s *state) collectNames() error {
 	entries, err := os.ReadDir(s.names)
 	if err != nil {
 		return err
+	}
+	records, err := s.diskIDs()
+	if err != nil {
+		return err
+	}
+	if len(entries) <= len(records) {
+		return nil
 	}
 	for _, e := range entries {
 		hash := e.Name()
