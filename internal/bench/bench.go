@@ -570,10 +570,7 @@ func (r *runner) scale(ctx context.Context, base Result, lanes []lane) []Result 
 	if r.cfg.Existing == 0 {
 		return pairs(nil)
 	}
-	fillConc := fillConcurrency
-	for _, ln := range lanes {
-		fillConc = max(fillConc, ln.conc)
-	}
+	fillConc := max(fillConcurrency, slices.Max(r.cfg.Concurrency)) // as the cleanup's
 	withExisting := func() []Result {
 		fills := map[*endpoint][]*volume{}
 		existing := map[bool]int{}
