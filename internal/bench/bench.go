@@ -550,8 +550,12 @@ func (r *runner) phase(ctx context.Context, p Phase, round int, lanes []lane) []
 // the Existing volumes before and deleting them after their measurement.
 func (r *runner) scale(ctx context.Context, base Result, lanes []lane) []Result {
 	base.Unit = "create+delete"
+	// pairs measures with existing volumes around, by endpoint (the
+	// baseline's is true); nil: none. The label counts the endpoint's.
 	pairs := func(existing map[bool]int) []Result {
-		res := r.measure(ctx, base, lanes, func(ctx context.Context, s *samples, ln lane, _ int) error {
+		b := base
+		b.Existing = existing[false]
+		res := r.measure(ctx, b, lanes, func(ctx context.Context, s *samples, ln lane, _ int) error {
 			v := r.newVolume(ln.ep, false)
 			if err := r.create(ctx, s, v); err != nil {
 				return err
@@ -566,10 +570,7 @@ func (r *runner) scale(ctx context.Context, base Result, lanes []lane) []Result 
 	if r.cfg.Existing == 0 {
 		return pairs(nil)
 	}
-	fillConc := fillConcurrency
-	for _, ln := range lanes {
-		fillConc = max(fillConc, ln.conc)
-	}
+	fillConc := max(fillConcurrency, slices.Max(r.cfg.Concurrency)) // as the cleanup's
 	withExisting := func() []Result {
 		fills := map[*endpoint][]*volume{}
 		existing := map[bool]int{}

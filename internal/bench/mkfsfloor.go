@@ -64,7 +64,7 @@ func (r *runner) openMkfsFloor(scratch string) (*mkfsFloor, error) {
 func (r *runner) mkfsFloorAbsent() string {
 	switch {
 	case r.cfg.MkfsFloorSamples < 0:
-		return "not asked for (negative sample count)"
+		return "not asked for (no samples: --mkfs-floor-samples 0)"
 	case !slices.Contains(r.cfg.Phases, PhaseLifecycle):
 		return "the lifecycle phase does not run"
 	case r.cfg.AccessType != "mount":
