@@ -78,7 +78,7 @@ var Points = map[string]string{
 	MounterGrowRecorded:    "an offline growth of a filesystem is recorded; e2fsck and resize2fs have not run",
 	MounterResizeRunning:   "resize2fs is growing a filesystem offline; csid's process group dies, resize2fs with it",
 	MounterAfterResize:     "resize2fs has grown the filesystem; its growth record is not yet cleared",
-	LocalCreateNamed:       "local backend: a create's name is indexed; no image, no record",
+	LocalCreateNamed:       "local backend: a create's name is indexed, its image being made beside; no record",
 	LocalCreateImage:       "local backend: a create's image is in place; no record",
 	LocalCreateRecorded:    "local backend: a created disk's record is in place; the operation is not recorded",
 	LocalDeleteRemoved:     "local backend: a deleted disk's record is gone; its name entry and image remain",

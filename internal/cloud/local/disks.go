@@ -126,6 +126,9 @@ func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (clou
 			err = fmt.Errorf("index the disk's name: %w", err)
 		}
 	}
+	if err == nil {
+		c.s.hit(crash.LocalCreateNamed)
+	}
 	imageErr := <-image // never left running: the locks are released on return
 	if err != nil {
 		if imageErr == nil {
@@ -133,7 +136,6 @@ func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (clou
 		}
 		return fail("write disk record", err)
 	}
-	c.s.hit(crash.LocalCreateNamed)
 	if imageErr != nil {
 		return fail("create image", imageErr)
 	}

@@ -10,17 +10,20 @@
 // locks on <state>/lock, one per thing changed (a disk, a name, a node's
 // attachments: see locks.go), so that independent disks never wait on each
 // other. Every file that must survive a crash of the machine is written
-// crash-safely (temporary file, fsync, rename, fsync of the directory), and
-// a disk exists only once its record is in place: a crash never leaves a
+// crash-safely (a new one made unnamed, fsynced and linked; a replacement
+// through a temporary file, fsync and rename; then an fsync of the
+// directory), and a disk exists only once its record is in place: a crash never leaves a
 // half-created disk that looks whole, and Open removes what a crash left
 // behind. Two indexes (index.go) find a disk by name and count a node's
 // disks without reading every record, so an operation costs the same with
 // ten disks or ten thousand.
 //
 // Operations complete before the call that starts them returns (the work is
-// a few file operations). Each is recorded under <state>/ops with its result
-// or typed error, so WaitOperation answers after a restart too; records older
-// than Options.OpRetention beyond the newest Options.OpKeep are pruned.
+// a few file operations). Each is recorded in its process's log under
+// <state>/ops with its result or typed error (oplog.go), so WaitOperation
+// answers in another process and after a restart too; logs last appended
+// to longer than Options.OpRetention ago, beyond the newest that hold
+// Options.OpKeep records, are pruned.
 //
 // Disk ids are "disk-" and 16 random hex digits; anything else is refused
 // (ErrNotFound for lookups, ErrInvalid for mutations) before it can reach a

@@ -26,8 +26,8 @@ import (
 //   - The layout lock is a flock(2) on the same file (flock and fcntl locks
 //     are independent on Linux): every process holds it shared for as long
 //     as it has the directory open, and Open takes it exclusively only to
-//     migrate a directory of an older layout, which no running process of
-//     this layout can then be using. A process of the older layout, which
+//     write the format of a new directory or migrate one of an older
+//     layout, which no running process of this layout can then be using. A process of the older layout, which
 //     took the flock exclusively for each change, waits for this one to
 //     close rather than racing it.
 //

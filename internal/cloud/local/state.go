@@ -29,14 +29,14 @@ import (
 //	nodes.json              registered nodes
 //	disks/<id>.img          disk image, a sparse file
 //	disks/<id>.json         disk record; the disk exists iff this file does
-//	names/<name hash>       the name index: a symbolic link whose target is
-//	                        the id of the disk of that name (read with
-//	                        readlink, never followed)
+//	names/<name hash>       the name index: a hard link to the first record
+//	                        of the disk of that name (index.go)
 //	attached/<node hash>/<id>
 //	                        the attachment index: an empty file per disk
 //	                        attached to the node
 //	ops/<op-id>.log         operation logs (oplog.go)
-//	.tmp-<name>-*           a write of <name> in progress, in its directory
+//	.tmp-<name>-*           a replacement of <name> in progress, in its
+//	                        directory (new files are made unnamed, newfile.go)
 //
 // Layout 1 had no indexes: every create read every record to find a name.
 // Open migrates it (see migrate).
