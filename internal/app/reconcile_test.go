@@ -2,8 +2,6 @@ package app_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -109,39 +107,25 @@ func wantRefusedNewFile(t *testing.T, err error, file, disk string) {
 // each target. It returns the id and the paths.
 func useKubeletVolume(t *testing.T, c, n apptest.Client, root, name string, pods ...string) (id, stage string, targets []string) {
 	t.Helper()
-	id = useVolume(t, c, n, name, "", nil)
-	sum := sha256.Sum256([]byte(id))
-	stage = filepath.Join(root, "plugins/kubernetes.io/csi", driver.DefaultName, hex.EncodeToString(sum[:]), "globalmount")
+	ctx := context.Background()
+	vc := apptest.MountCap("ext4")
+	id = apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: capRange(64 << 20), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
+	stage = apptest.KubeletStaging(root, id)
 	for _, pod := range pods {
 		tp := filepath.Join(root, "pods", pod, "volumes/kubernetes.io~csi", name, "mount")
-		writeVolData(t, filepath.Dir(tp), id)
+		apptest.WriteVolData(t, filepath.Dir(tp), id)
 		targets = append(targets, tp)
 	}
 	if err := os.MkdirAll(stage, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	writeVolData(t, filepath.Dir(stage), id)
-	ctx := context.Background()
-	vc := apptest.MountCap("ext4")
+	apptest.WriteVolData(t, filepath.Dir(stage), id)
 	pc := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 	apptest.R(n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
 	for _, tp := range targets {
 		apptest.R(n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: tp, StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
 	}
 	return id, stage, targets
-}
-
-// writeVolData writes the vol_data.json kubelet keeps in dir for a volume
-// of csid's driver.
-func writeVolData(t *testing.T, dir, id string) {
-	t.Helper()
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	raw := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, id)
-	if err := os.WriteFile(filepath.Join(dir, "vol_data.json"), []byte(raw), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // kubeletPaths are where kubelet stages and publishes a filesystem volume.
