@@ -21,7 +21,6 @@ import (
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
-	"github.com/csid-dev/csid/internal/view"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 )
@@ -141,7 +140,7 @@ func (o *overlay) unstage(t *testing.T, id, staging string) {
 // staged from (read through the node's admin socket, as csid inspect does).
 func (o *overlay) stagedDevice(t *testing.T, id string) string {
 	t.Helper()
-	return inspectNodeVolume(t, o.dir, id).Device
+	return inspectVolume(t, o.dir, driver.ModeNode, id).Device
 }
 
 // writeMarker writes size bytes of volume id's marker through path (a
@@ -364,19 +363,6 @@ func (o *overlay) clean(t *testing.T) {
 	if f := o.check(t); len(f) != 0 {
 		t.Fatalf("csid check found %+v", f)
 	}
-}
-
-// inspectNodeVolume reads the node's record of a volume through its admin
-// socket, as `csid inspect volume` does.
-func inspectNodeVolume(t *testing.T, dir, id string) view.Volume {
-	t.Helper()
-	c := admin.NewClient(app.AdminSocketPath(dir, driver.ModeNode), 5*time.Second)
-	defer c.Close()
-	v, err := c.Volume(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }
 
 // TestRawBlockNeverWhileMountedAsFilesystem: a disk is never bound as a

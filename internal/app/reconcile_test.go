@@ -340,7 +340,7 @@ func TestRepeatedStageRemountsWhatVanishedWhileRunning(t *testing.T) {
 	testutil.RequireRoot(t)
 	p := startPodVolume(t, "still here")
 	p.unmount(t)
-	p.remount(t, map[string]string{effects.PublishContextDiskID: inspectDisk(t, p.dir, p.id)}, "after the repeated stage and publish", "remount")
+	p.remount(t, map[string]string{effects.PublishContextDiskID: inspectVolume(t, p.dir, driver.ModeAll, p.id).DiskID}, "after the repeated stage and publish", "remount")
 }
 
 // podVolume is a volume of an all-in-one csid on the local backend,
@@ -401,14 +401,15 @@ func (p *podVolume) remount(t *testing.T, pc map[string]string, when, what strin
 	checkNothingLeft(t, what, p.dir)
 }
 
-// inspectDisk reads a volume's disk id from an all-in-one csid's admin socket.
-func inspectDisk(t *testing.T, dir, id string) string {
+// inspectVolume reads the record of a volume of the csid of mode in dir
+// through its admin socket, as `csid inspect volume` does.
+func inspectVolume(t *testing.T, dir string, mode driver.Mode, id string) view.Volume {
 	t.Helper()
-	c := admin.NewClient(app.AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
+	c := admin.NewClient(app.AdminSocketPath(dir, mode), 5*time.Second)
 	defer c.Close()
 	v, err := c.Volume(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return v.DiskID
+	return v
 }
