@@ -48,15 +48,21 @@ func startOverlay(t *testing.T) *overlay {
 	}
 	o := &overlay{dir: dir, kubelet: filepath.Join(dir, "kubelet")}
 	mkdir(t, o.kubelet)
-	o.controller = startChild(t, childOptions{Mode: driver.ModeController, Cloud: "local", StateDir: dir,
-		Endpoint: "unix://" + filepath.Join(dir, "controller.sock")}, "", "")
-	o.c = apptest.Dial(t, o.controller.socket)
+	o.startController(t, "")
 	o.startNode(t, "")
 	return o
 }
 
-// startNode starts the node plugin, with a crash point armed if crashAt
-// is set (its log of fired points is fired in the state dir).
+// startController and startNode start the controller and the node
+// plugin, with a crash point armed if crashAt is set (their log of fired
+// points is fired in the state dir).
+func (o *overlay) startController(t *testing.T, crashAt string) {
+	t.Helper()
+	o.controller = startChild(t, childOptions{Mode: driver.ModeController, Cloud: "local", StateDir: o.dir,
+		Endpoint: "unix://" + filepath.Join(o.dir, "controller.sock")}, crashAt, filepath.Join(o.dir, "fired"))
+	o.c = apptest.Dial(t, o.controller.socket)
+}
+
 func (o *overlay) startNode(t *testing.T, crashAt string) {
 	t.Helper()
 	o.node = startChild(t, childOptions{Mode: driver.ModeNode, Cloud: "local", StateDir: o.dir, NodeID: "node-1",
