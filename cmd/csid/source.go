@@ -15,6 +15,8 @@ import (
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/csid-dev/csid/internal/view"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
 
@@ -141,6 +143,17 @@ func discover(ctx context.Context, stateDir, command string) ([]found, error) {
 // sourceFlags are the flags that say where `csid inspect` reads.
 type sourceFlags struct {
 	socket, db, stateDir string
+}
+
+// define defines the flags on fl (cmd's own flags, or its persistent flags
+// for its subcommands), with their shell completions.
+func (f *sourceFlags) define(cmd *cobra.Command, fl *pflag.FlagSet) {
+	fl.StringVar(&f.socket, "socket", "", "admin socket of a running csid (default: the one answering in --state-dir; of several, this container's, else the first)")
+	fl.StringVar(&f.db, "db", "", "state file of a stopped csid, opened read-only (csid.db, controller.db or node.db)")
+	fl.StringVar(&f.stateDir, "state-dir", "csid-data", "state directory of the csid to read (where its admin sockets are)")
+	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
+	_ = cmd.RegisterFlagCompletionFunc("socket", extCompletion("sock"))
+	_ = cmd.RegisterFlagCompletionFunc("state-dir", dirCompletion)
 }
 
 // open returns the one source the flags name: --db, --socket, or a csid
