@@ -17,7 +17,6 @@ import (
 	"github.com/csid-dev/csid/internal/view"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 )
 
 // modes are tried in this order when looking for a csid in a state
@@ -213,20 +212,14 @@ func inOurPIDNamespace(socket string) bool {
 		return false
 	}
 	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		return false
-	}
-	var cred *unix.Ucred
-	if cerr := raw.Control(func(fd uintptr) {
-		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); cerr != nil || err != nil || cred.Pid <= 0 {
+	pid, err := app.PeerPID(conn)
+	if err != nil || pid <= 0 {
 		return false
 	}
 	mine, err := os.Readlink("/proc/self/ns/pid")
 	if err != nil {
 		return false
 	}
-	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", cred.Pid))
+	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
 	return err == nil && theirs == mine
 }
