@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,15 +79,8 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 	pub := create("pvc-pub")
 	staging := filepath.Join(kubelet, "plugins/kubernetes.io/csi", driver.DefaultName, "9b1e5c/globalmount")
 	target := filepath.Join(kubelet, "pods/0b7d4e36/volumes/kubernetes.io~csi/pvc-pub/mount")
-	for _, d := range []string{filepath.Dir(staging), filepath.Dir(target)} {
-		if err := os.MkdirAll(d, 0o750); err != nil {
-			t.Fatal(err)
-		}
-		volData := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, pub)
-		if err := os.WriteFile(filepath.Join(d, "vol_data.json"), []byte(volData), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	apptest.WriteVolData(t, filepath.Dir(staging), pub)
+	apptest.WriteVolData(t, filepath.Dir(target), pub)
 	pc := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: pub, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: pub, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
 	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: pub, TargetPath: target, StagingTargetPath: staging, VolumeCapability: vc})).Must(t)

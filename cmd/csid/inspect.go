@@ -60,14 +60,9 @@ func newInspect(now func() time.Time) *cobra.Command {
 		Args:    cobra.NoArgs,
 	}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&in.f.socket, "socket", "", "admin socket of a running csid (default: the first that answers in --state-dir)")
-	pf.StringVar(&in.f.db, "db", "", "state file of a stopped csid, opened read-only (csid.db, controller.db or node.db)")
-	pf.StringVar(&in.f.stateDir, "state-dir", "csid-data", "state directory of the csid to read (where its admin sockets are)")
+	in.f.define(cmd, pf)
 	pf.StringVarP(&in.output, "output", "o", outTable, "output format: table, json or yaml")
 	_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletion(outputs...))
-	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
-	_ = cmd.RegisterFlagCompletionFunc("socket", extCompletion("sock"))
-	_ = cmd.RegisterFlagCompletionFunc("state-dir", dirCompletion)
 	cmd.AddCommand(in.volumesCmd(), in.volumeCmd(), in.opsCmd(), in.resizesCmd())
 	return cmd
 }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -63,12 +61,8 @@ func TestCheckComparesOnlyWhatItRead(t *testing.T) {
 			}
 		}
 		if vc.GetMount() != nil {
-			for _, d := range []string{filepath.Dir(staging), filepath.Dir(target)} {
-				volData := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, id)
-				if err := os.WriteFile(filepath.Join(d, "vol_data.json"), []byte(volData), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
+			apptest.WriteVolData(t, filepath.Dir(staging), id)
+			apptest.WriteVolData(t, filepath.Dir(target), id)
 		}
 		pc := apptest.R(s.c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 		apptest.R(s.c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
@@ -190,18 +184,10 @@ func TestNodeAdoptsOnlyKubeletsMounts(t *testing.T) {
 			vc := apptest.MountCap("ext4")
 			id := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20},
 				VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
-			sum := sha256.Sum256([]byte(id))
-			staging := filepath.Join(k, "plugins/kubernetes.io/csi", driver.DefaultName, hex.EncodeToString(sum[:]), "globalmount")
+			staging := apptest.KubeletStaging(k, id)
 			target := func(pod string) string { return filepath.Join(k, "pods", pod, "volumes/kubernetes.io~csi/pvc-a/mount") }
-			volData := func(dir, id string) {
-				mkdirT(t, dir)
-				raw := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, id)
-				if err := os.WriteFile(filepath.Join(dir, "vol_data.json"), []byte(raw), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-			volData(filepath.Dir(staging), id)
-			volData(filepath.Dir(target("pod-a")), id)
+			apptest.WriteVolData(t, filepath.Dir(staging), id)
+			apptest.WriteVolData(t, filepath.Dir(target("pod-a")), id)
 			mkdirT(t, staging)
 			pc := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 			apptest.R(n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
@@ -221,7 +207,7 @@ func TestNodeAdoptsOnlyKubeletsMounts(t *testing.T) {
 			for _, c := range cases {
 				mkdirT(t, c.path)
 				if c.volData != "" {
-					volData(filepath.Dir(c.path), c.volData)
+					apptest.WriteVolData(t, filepath.Dir(c.path), c.volData)
 				}
 				if err := syscall.Mount(staging, c.path, "", syscall.MS_BIND, ""); err != nil {
 					t.Fatal(err)

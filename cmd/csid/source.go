@@ -15,7 +15,8 @@ import (
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/csid-dev/csid/internal/view"
-	"golang.org/x/sys/unix"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // modes are tried in this order when looking for a csid in a state
@@ -143,6 +144,17 @@ type sourceFlags struct {
 	socket, db, stateDir string
 }
 
+// define defines the flags on fl (cmd's own flags, or its persistent flags
+// for its subcommands), with their shell completions.
+func (f *sourceFlags) define(cmd *cobra.Command, fl *pflag.FlagSet) {
+	fl.StringVar(&f.socket, "socket", "", "admin socket of a running csid (default: the one answering in --state-dir; of several, this container's, else the first)")
+	fl.StringVar(&f.db, "db", "", "state file of a stopped csid, opened read-only (csid.db, controller.db or node.db)")
+	fl.StringVar(&f.stateDir, "state-dir", "csid-data", "state directory of the csid to read (where its admin sockets are)")
+	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
+	_ = cmd.RegisterFlagCompletionFunc("socket", extCompletion("sock"))
+	_ = cmd.RegisterFlagCompletionFunc("state-dir", dirCompletion)
+}
+
 // open returns the one source the flags name: --db, --socket, or a csid
 // answering in --state-dir. When several answer there (a controller and a
 // node plugin sharing a state directory, as on a single-node cluster), it
@@ -200,20 +212,14 @@ func inOurPIDNamespace(socket string) bool {
 		return false
 	}
 	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		return false
-	}
-	var cred *unix.Ucred
-	if cerr := raw.Control(func(fd uintptr) {
-		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); cerr != nil || err != nil || cred.Pid <= 0 {
+	pid, err := app.PeerPID(conn)
+	if err != nil || pid <= 0 {
 		return false
 	}
 	mine, err := os.Readlink("/proc/self/ns/pid")
 	if err != nil {
 		return false
 	}
-	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", cred.Pid))
+	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
 	return err == nil && theirs == mine
 }

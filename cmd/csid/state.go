@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"text/tabwriter"
 
 	"github.com/csid-dev/csid/internal/store"
 	"github.com/csid-dev/csid/internal/view"
@@ -50,16 +49,6 @@ func openNoted(cmd *cobra.Command, f *sourceFlags, command string) (*source, err
 		fmt.Fprintf(cmd.ErrOrStderr(), "note: %s\n", chosen)
 	}
 	return src, err
-}
-
-func sourceFlagSet(cmd *cobra.Command, f *sourceFlags) {
-	fl := cmd.Flags()
-	fl.StringVar(&f.socket, "socket", "", "admin socket of a running csid (default: the first that answers in --state-dir)")
-	fl.StringVar(&f.db, "db", "", "state file of a stopped csid, opened read-only (csid.db, controller.db or node.db)")
-	fl.StringVar(&f.stateDir, "state-dir", "csid-data", "state directory of the csid to read (where its admin sockets are)")
-	_ = cmd.RegisterFlagCompletionFunc("db", extCompletion("db"))
-	_ = cmd.RegisterFlagCompletionFunc("socket", extCompletion("sock"))
-	_ = cmd.RegisterFlagCompletionFunc("state-dir", dirCompletion)
 }
 
 func newStateBackup() *cobra.Command {
@@ -107,7 +96,7 @@ func newStateBackup() *cobra.Command {
 			return nil
 		},
 	}
-	sourceFlagSet(cmd, &f)
+	f.define(cmd, cmd.Flags())
 	cmd.Flags().StringVar(&to, "to", "", "the file to write (a new file: an existing one is refused)")
 	return cmd
 }
@@ -170,7 +159,7 @@ reports the same records with the action to take.`,
 			return err
 		},
 	}
-	sourceFlagSet(cmd, &f)
+	f.define(cmd, cmd.Flags())
 	cmd.Flags().StringVarP(&output, "output", "o", outTable, "output format: table, json or yaml")
 	_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletion(outputs...))
 	return cmd
@@ -182,7 +171,7 @@ func printDamaged(w io.Writer, what string, l view.DamageList) error {
 		return err
 	}
 	fmt.Fprintf(w, "%s: %s damaged (csid does not act on them; csid check says what to do):\n\n", what, count(len(l.Records), "record"))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTab(w)
 	fmt.Fprintln(tw, "RECORD\tVOLUME\tPROBLEM")
 	for _, r := range l.Records {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.Record, dash(r.VolumeID), r.Problem)

@@ -97,7 +97,11 @@ func TestDamagedRecordIsNeverActedOn(t *testing.T) {
 	if err == nil {
 		t.Fatal("the held attach answered OK")
 	}
-	pending := inspectPending(t, dir, cc)
+	op := inspectVolume(t, dir, driver.ModeAll, cc).PendingOp
+	if op == nil {
+		t.Fatalf("volume %s has no pending op", cc)
+	}
+	pending := op.Seq
 	in.Stop(t) // the attach of pvc-c stays queued for the next start
 	release()  // the cloud finishes it on its own
 
@@ -186,20 +190,4 @@ func TestDamagedRecordIsNeverActedOn(t *testing.T) {
 	if !slices.Equal(found, wantFound) {
 		t.Errorf("csid check reports damaged records %v, want %v", found, wantFound)
 	}
-}
-
-// inspectPending reads the seq of a volume's pending op through the admin
-// socket of an all-in-one csid.
-func inspectPending(t *testing.T, dir, id string) uint64 {
-	t.Helper()
-	c := admin.NewClient(app.AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
-	defer c.Close()
-	v, err := c.Volume(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v.PendingOp == nil {
-		t.Fatalf("volume %s has no pending op", id)
-	}
-	return v.PendingOp.Seq
 }

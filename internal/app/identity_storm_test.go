@@ -3,15 +3,12 @@ package app_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/drill"
-	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -45,14 +42,11 @@ func (s *storm) child(r role) *child {
 // start (re)starts a process, armed at point ("" for none).
 func (s *storm) start(r role, point string) {
 	s.t.Helper()
-	fired := filepath.Join(s.dir, "fired")
 	if r == node {
 		s.startNode(s.t, point)
 		return
 	}
-	s.controller = startChild(s.t, childOptions{Mode: driver.ModeController, Cloud: "local", StateDir: s.dir,
-		Endpoint: "unix://" + filepath.Join(s.dir, "controller.sock")}, point, fired)
-	s.c = apptest.Dial(s.t, s.controller.socket)
+	s.startController(s.t, point)
 }
 
 // arm SIGKILLs a process between two calls and starts it again armed at

@@ -21,7 +21,6 @@ import (
 	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/testutil"
-	"github.com/csid-dev/csid/internal/view"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 )
@@ -49,15 +48,21 @@ func startOverlay(t *testing.T) *overlay {
 	}
 	o := &overlay{dir: dir, kubelet: filepath.Join(dir, "kubelet")}
 	mkdir(t, o.kubelet)
-	o.controller = startChild(t, childOptions{Mode: driver.ModeController, Cloud: "local", StateDir: dir,
-		Endpoint: "unix://" + filepath.Join(dir, "controller.sock")}, "", "")
-	o.c = apptest.Dial(t, o.controller.socket)
+	o.startController(t, "")
 	o.startNode(t, "")
 	return o
 }
 
-// startNode starts the node plugin, with a crash point armed if crashAt
-// is set (its log of fired points is fired in the state dir).
+// startController and startNode start the controller and the node
+// plugin, with a crash point armed if crashAt is set (their log of fired
+// points is fired in the state dir).
+func (o *overlay) startController(t *testing.T, crashAt string) {
+	t.Helper()
+	o.controller = startChild(t, childOptions{Mode: driver.ModeController, Cloud: "local", StateDir: o.dir,
+		Endpoint: "unix://" + filepath.Join(o.dir, "controller.sock")}, crashAt, filepath.Join(o.dir, "fired"))
+	o.c = apptest.Dial(t, o.controller.socket)
+}
+
 func (o *overlay) startNode(t *testing.T, crashAt string) {
 	t.Helper()
 	o.node = startChild(t, childOptions{Mode: driver.ModeNode, Cloud: "local", StateDir: o.dir, NodeID: "node-1",
@@ -141,7 +146,7 @@ func (o *overlay) unstage(t *testing.T, id, staging string) {
 // staged from (read through the node's admin socket, as csid inspect does).
 func (o *overlay) stagedDevice(t *testing.T, id string) string {
 	t.Helper()
-	return inspectNodeVolume(t, o.dir, id).Device
+	return inspectVolume(t, o.dir, driver.ModeNode, id).Device
 }
 
 // writeMarker writes size bytes of volume id's marker through path (a
@@ -364,19 +369,6 @@ func (o *overlay) clean(t *testing.T) {
 	if f := o.check(t); len(f) != 0 {
 		t.Fatalf("csid check found %+v", f)
 	}
-}
-
-// inspectNodeVolume reads the node's record of a volume through its admin
-// socket, as `csid inspect volume` does.
-func inspectNodeVolume(t *testing.T, dir, id string) view.Volume {
-	t.Helper()
-	c := admin.NewClient(app.AdminSocketPath(dir, driver.ModeNode), 5*time.Second)
-	defer c.Close()
-	v, err := c.Volume(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }
 
 // TestRawBlockNeverWhileMountedAsFilesystem: a disk is never bound as a

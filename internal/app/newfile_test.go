@@ -31,13 +31,17 @@ func TestNewStateFileAndTheCloudsWitness(t *testing.T) {
 			VolumeCapabilities: []*csi.VolumeCapability{apptest.MountCap("ext4")}})).Must(t).Volume.VolumeId)
 	}
 
-	other := app.Options{Cloud: "fake", Fake: f, StateDir: apptest.ShortTempDir(t), Mode: driver.ModeController,
-		DriverName: "other.csi.dev", RebuildFromCloud: true, Log: zerolog.Nop()}
-	o := apptest.Start(t, other)
-	if n := len(apptest.R(apptest.Dial(t, o.Socket).ListVolumes(ctx, &csi.ListVolumesRequest{})).Must(t).Entries); n != 0 {
-		t.Errorf("a csid of another driver name took %d of the first one's volumes", n)
+	// Each on a new file of its own: without the flag, a refusal fails
+	// the start (apptest.Start); with it, a rebuild takes nothing.
+	for _, rebuild := range []bool{false, true} {
+		other := app.Options{Cloud: "fake", Fake: f, StateDir: apptest.ShortTempDir(t), Mode: driver.ModeController,
+			DriverName: "other.csi.dev", RebuildFromCloud: rebuild, Log: zerolog.Nop()}
+		o := apptest.Start(t, other)
+		if n := len(apptest.R(apptest.Dial(t, o.Socket).ListVolumes(ctx, &csi.ListVolumesRequest{})).Must(t).Entries); n != 0 {
+			t.Errorf("a csid of another driver name (--rebuild-from-cloud %v) took %d of the first one's volumes", rebuild, n)
+		}
+		o.Stop(t)
 	}
-	o.Stop(t)
 
 	in.Stop(t)
 	file := app.StateFile(first.StateDir, driver.ModeAll)

@@ -2,8 +2,6 @@ package app_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -109,39 +107,25 @@ func wantRefusedNewFile(t *testing.T, err error, file, disk string) {
 // each target. It returns the id and the paths.
 func useKubeletVolume(t *testing.T, c, n apptest.Client, root, name string, pods ...string) (id, stage string, targets []string) {
 	t.Helper()
-	id = useVolume(t, c, n, name, "", nil)
-	sum := sha256.Sum256([]byte(id))
-	stage = filepath.Join(root, "plugins/kubernetes.io/csi", driver.DefaultName, hex.EncodeToString(sum[:]), "globalmount")
+	ctx := context.Background()
+	vc := apptest.MountCap("ext4")
+	id = apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: capRange(64 << 20), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume.VolumeId
+	stage = apptest.KubeletStaging(root, id)
 	for _, pod := range pods {
 		tp := filepath.Join(root, "pods", pod, "volumes/kubernetes.io~csi", name, "mount")
-		writeVolData(t, filepath.Dir(tp), id)
+		apptest.WriteVolData(t, filepath.Dir(tp), id)
 		targets = append(targets, tp)
 	}
 	if err := os.MkdirAll(stage, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	writeVolData(t, filepath.Dir(stage), id)
-	ctx := context.Background()
-	vc := apptest.MountCap("ext4")
+	apptest.WriteVolData(t, filepath.Dir(stage), id)
 	pc := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
 	apptest.R(n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
 	for _, tp := range targets {
 		apptest.R(n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: tp, StagingTargetPath: stage, VolumeCapability: vc})).Must(t)
 	}
 	return id, stage, targets
-}
-
-// writeVolData writes the vol_data.json kubelet keeps in dir for a volume
-// of csid's driver.
-func writeVolData(t *testing.T, dir, id string) {
-	t.Helper()
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	raw := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, id)
-	if err := os.WriteFile(filepath.Join(dir, "vol_data.json"), []byte(raw), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // kubeletPaths are where kubelet stages and publishes a filesystem volume.
@@ -356,7 +340,7 @@ func TestRepeatedStageRemountsWhatVanishedWhileRunning(t *testing.T) {
 	testutil.RequireRoot(t)
 	p := startPodVolume(t, "still here")
 	p.unmount(t)
-	p.remount(t, map[string]string{effects.PublishContextDiskID: inspectDisk(t, p.dir, p.id)}, "after the repeated stage and publish", "remount")
+	p.remount(t, map[string]string{effects.PublishContextDiskID: inspectVolume(t, p.dir, driver.ModeAll, p.id).DiskID}, "after the repeated stage and publish", "remount")
 }
 
 // podVolume is a volume of an all-in-one csid on the local backend,
@@ -417,14 +401,15 @@ func (p *podVolume) remount(t *testing.T, pc map[string]string, when, what strin
 	checkNothingLeft(t, what, p.dir)
 }
 
-// inspectDisk reads a volume's disk id from an all-in-one csid's admin socket.
-func inspectDisk(t *testing.T, dir, id string) string {
+// inspectVolume reads the record of a volume of the csid of mode in dir
+// through its admin socket, as `csid inspect volume` does.
+func inspectVolume(t *testing.T, dir string, mode driver.Mode, id string) view.Volume {
 	t.Helper()
-	c := admin.NewClient(app.AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
+	c := admin.NewClient(app.AdminSocketPath(dir, mode), 5*time.Second)
 	defer c.Close()
 	v, err := c.Volume(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return v.DiskID
+	return v
 }

@@ -68,7 +68,7 @@ func TestQueuedResizeSurvivesALostStateFile(t *testing.T) {
 	expand := &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: capRange(grown), VolumeCapability: vc}
 	_, err := c.ControllerExpandVolume(ctx, expand)
 	wantCode(t, err, codes.FailedPrecondition, "queued")
-	diskID := inspectDisk(t, dir, id)
+	diskID := inspectVolume(t, dir, driver.ModeAll, id).DiskID
 	if d := diskOf(t, dir, diskID); d.Tags[effects.TagResizeTo] != "134217728" || d.SizeBytes != size {
 		t.Fatalf("after the expansion was queued, the disk is %d bytes with tags %v; want its resize-to tag", d.SizeBytes, d.Tags)
 	}

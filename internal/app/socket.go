@@ -177,30 +177,43 @@ func mkdirs(dir string, p SocketPerm) error {
 	return p.chown(dir)
 }
 
-// peer names the process at the other end of a unix connection.
-func peer(conn net.Conn) string {
+// PeerPID is the process id of the other end of a unix connection
+// (SO_PEERCRED), as seen from this process's pid namespace: 0 for a
+// process in a pid namespace this one does not contain.
+func PeerPID(conn net.Conn) (int32, error) {
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
-		return "another process"
+		return 0, fmt.Errorf("not a unix connection: %T", conn)
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return "another process"
+		return 0, err
 	}
 	var cred *unix.Ucred
-	_ = raw.Control(func(fd uintptr) {
+	if cerr := raw.Control(func(fd uintptr) {
 		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	})
-	if err != nil || cred == nil {
+	}); cerr != nil {
+		return 0, cerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	return cred.Pid, nil
+}
+
+// peer names the process at the other end of a unix connection.
+func peer(conn net.Conn) string {
+	pid, err := PeerPID(conn)
+	if err != nil {
 		return "another process"
 	}
-	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cred.Pid))
+	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	line := strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " "))
 	if len(line) > 120 {
 		line = line[:120] + "..."
 	}
 	if line == "" {
-		return fmt.Sprintf("pid %d", cred.Pid)
+		return fmt.Sprintf("pid %d", pid)
 	}
-	return fmt.Sprintf("pid %d (%s)", cred.Pid, line)
+	return fmt.Sprintf("pid %d (%s)", pid, line)
 }

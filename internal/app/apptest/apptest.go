@@ -7,6 +7,9 @@ package apptest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -129,6 +132,27 @@ func MountCap(fs string) *csi.VolumeCapability {
 	return &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+// KubeletStaging is where kubelet (1.24 and later) stages the filesystem
+// volume volumeID of csid's default driver, under kubelet's root.
+func KubeletStaging(root, volumeID string) string {
+	sum := sha256.Sum256([]byte(volumeID))
+	return filepath.Join(root, "plugins/kubernetes.io/csi", driver.DefaultName, hex.EncodeToString(sum[:]), "globalmount")
+}
+
+// WriteVolData writes the vol_data.json kubelet keeps in dir (made if
+// missing) beside a volume's mount point: it names csid's default driver
+// and the volume.
+func WriteVolData(t testing.TB, dir, volumeID string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	raw := fmt.Sprintf(`{"driverName":%q,"volumeHandle":%q}`, driver.DefaultName, volumeID)
+	if err := os.WriteFile(filepath.Join(dir, "vol_data.json"), []byte(raw), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 
