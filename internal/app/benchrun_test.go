@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -356,6 +357,39 @@ func normalise(key string, v any) any {
 	return v
 }
 
+// checkEndpointRatio holds an "endpoint" ratio to the measurements it
+// compares: each round's value is the endpoint's rate over the baseline's
+// at its phase, concurrency and existing volumes. Where the endpoint's
+// creates are 40 ms slower (create, scale) it is under 1 in every round:
+// a baseline create would have to take longer than 40 ms, however loaded
+// the machine, to hide that. (How far under 1 depends on the load.)
+func checkEndpointRatio(t *testing.T, q bench.Ratio, results []bench.Result) {
+	t.Helper()
+	rate := func(round int, baseline bool) float64 {
+		at := q.Numerator
+		if baseline {
+			at = q.Denominator
+		}
+		for _, r := range results {
+			if r.Phase == q.Phase && r.Round == round && r.Baseline == baseline &&
+				r.Concurrency == at.Concurrency && r.Existing == at.Existing {
+				return r.OpsPerSecond
+			}
+		}
+		t.Errorf("endpoint ratio %+v: no measurement in round %d (baseline %v)", q, round, baseline)
+		return math.NaN()
+	}
+	for i, got := range q.PerRound {
+		want := rate(i+1, false) / rate(i+1, true)
+		if math.Abs(got-want) > 1e-9*want {
+			t.Errorf("endpoint ratio %+v, round %d: %v, want the endpoint's rate over the baseline's, %v", q, i+1, got, want)
+		}
+		if slow := q.Phase == "create" || q.Phase == "scale"; slow && got >= 1 {
+			t.Errorf("endpoint ratio %+v, round %d: %v; creates 40 ms slower on the endpoint, want under 1", q, i+1, got)
+		}
+	}
+}
+
 // TestBenchAgainstBaseline runs every phase against two csids on the fake
 // backend in one run, the one under test with CreateVolume made 40 ms
 // slower: each measurement is made on both (marked apart in the report),
@@ -401,9 +435,8 @@ func TestBenchAgainstBaseline(t *testing.T) {
 		if len(q.PerRound) != cfg.Rounds || q.Value <= 0 {
 			t.Errorf("ratio %+v: want one per round", q)
 		}
-		// A create (or create+delete) of the baseline takes a few ms.
-		if q.Kind == "endpoint" && (q.Phase == "create" || q.Phase == "scale") && q.Value >= 0.5 {
-			t.Errorf("endpoint ratio %+v: creates 40 ms slower on the endpoint, want well under 1", q)
+		if q.Kind == "endpoint" {
+			checkEndpointRatio(t, q, rep.Results)
 		}
 	}
 	want := map[string]int{"concurrencyfalse": 6, "concurrencytrue": 6, "existingfalse": 2, "existingtrue": 2, "endpointfalse": 12}
