@@ -381,7 +381,11 @@ func unchanged(t *testing.T, what string, before, after map[string]string) {
 
 // testSymlinks: a link as the target, as an element of the target's
 // parent, or as a bind mount's source is refused with ErrSymlink by every
-// method, and nothing is mounted or changed where the link points.
+// method, and nothing is mounted or changed where the link points. Undo,
+// what a failed node call runs, is asked to undo the most it could (the
+// staging mount, and a target it created): followed, the link to the
+// staging path would lose it its mount, the others their empty directory
+// or file.
 func testSymlinks(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
@@ -405,6 +409,7 @@ func testSymlinks(t *testing.T, e Env) {
 			"BindMount from":  m.BindMount(ctx, p, filepath.Join(e.Dir, "target"), false),
 			"BindMountDevice": m.BindMountDevice(ctx, dev, p, false),
 			"Unmount":         m.Unmount(ctx, p),
+			"Undo":            m.Undo(ctx, p, mounter.Made{Kind: mounter.FilesystemMount, Source: dev, Created: true, Mounted: true}),
 		}
 		_, errs["Plan"] = m.Plan(ctx, mounter.DirBind, staging, p)
 		_, errs["IsMounted"] = m.IsMounted(ctx, p)
@@ -549,6 +554,21 @@ func testPlanUndo(t *testing.T, e Env) {
 	must(t, m.BindMountDevice(ctx, dev, disk, false))
 	must(t, m.Undo(ctx, disk, made))
 	gone(t, disk)
+	// A raw block target that existed (an empty file): Undo unmounts, and
+	// leaves the file.
+	file := filepath.Join(e.Dir, "file")
+	must(t, os.WriteFile(file, nil, 0o600))
+	made, err = m.Plan(ctx, mounter.DeviceBind, dev, file)
+	must(t, err)
+	if made.Created || !made.Mounted {
+		t.Fatalf("Plan of an existing empty file = %+v, want mounted, not created", made)
+	}
+	must(t, m.BindMountDevice(ctx, dev, file, false))
+	must(t, m.Undo(ctx, file, made))
+	mounted(t, m, file, false)
+	if fi, err := os.Lstat(file); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("Undo removed a file it did not create: %v, %v", fi, err)
+	}
 	// A directory it created, into which someone wrote: stays, an error.
 	created := filepath.Join(e.Dir, "created")
 	made = mounter.Made{Kind: mounter.DirBind, Source: staging, Created: true, Mounted: true}
