@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/csid-dev/csid/internal/mounter"
@@ -339,43 +340,11 @@ func testUnmountForeign(t *testing.T, e Env) {
 	}
 }
 
-// snapshot describes what is under dir, to tell that a refused call changed
-// nothing: every entry's type, a file's content, a link's destination.
-func snapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.Type()&fs.ModeSymlink != 0:
-			to, err := os.Readlink(p)
-			out[p] = "link to " + to
-			return err
-		case d.Type().IsRegular():
-			raw, err := os.ReadFile(p)
-			out[p] = "file " + string(raw)
-			return err
-		default:
-			out[p] = d.Type().String()
-		}
-		return nil
-	}))
-	return out
-}
-
+// unchanged fails the test if before and after (testutil.Trees) differ.
 func unchanged(t *testing.T, what string, before, after map[string]string) {
 	t.Helper()
-	for p, b := range before {
-		if after[p] != b {
-			t.Errorf("%s changed %s: %q, was %q", what, p, after[p], b)
-		}
-	}
-	for p, a := range after {
-		if _, ok := before[p]; !ok {
-			t.Errorf("%s made %s (%s)", what, p, a)
-		}
+	if d := testutil.Changes(before, after); len(d) > 0 {
+		t.Errorf("%s changed what was there:\n%s", what, strings.Join(d, "\n"))
 	}
 }
 
@@ -400,7 +369,7 @@ func testSymlinks(t *testing.T, e Env) {
 	must(t, os.Symlink(filepath.Join(elsewhere, "file"), filepath.Join(e.Dir, "link-to-file")))
 	must(t, os.Symlink(elsewhere, filepath.Join(e.Dir, "link-parent")))
 	must(t, os.Symlink(staging, filepath.Join(e.Dir, "link-to-staging")))
-	before := snapshot(t, e.Dir)
+	before := testutil.Tree(t, e.Dir)
 	for _, link := range []string{"link-to-dir", "link-to-file", "link-parent/empty", "link-parent/new", "link-to-staging"} {
 		p := filepath.Join(e.Dir, link)
 		errs := map[string]error{
@@ -419,7 +388,7 @@ func testSymlinks(t *testing.T, e Env) {
 			}
 		}
 	}
-	unchanged(t, "calls on symbolic links", before, snapshot(t, e.Dir))
+	unchanged(t, "calls on symbolic links", before, testutil.Tree(t, e.Dir))
 	mounted(t, m, filepath.Join(elsewhere, "empty"), false)
 	mounted(t, m, staging, true)
 }
@@ -477,7 +446,7 @@ func testContent(t *testing.T, e Env) {
 	must(t, os.WriteFile(filepath.Join(full, "data"), []byte("keep"), 0o600))
 	must(t, os.WriteFile(filepath.Join(e.Dir, "file"), []byte("keep"), 0o600))
 	must(t, os.WriteFile(filepath.Join(e.Dir, "emptyfile"), nil, 0o600))
-	before := snapshot(t, e.Dir)
+	before := testutil.Tree(t, e.Dir)
 	cases := []struct {
 		name string
 		kind mounter.MountKind
@@ -512,7 +481,7 @@ func testContent(t *testing.T, e Env) {
 		}
 		mounted(t, m, c.path, false)
 	}
-	unchanged(t, "refused mounts", before, snapshot(t, e.Dir))
+	unchanged(t, "refused mounts", before, testutil.Tree(t, e.Dir))
 }
 
 // testPlanUndo: Plan says what a mount will make; Undo removes that and
