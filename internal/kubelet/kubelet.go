@@ -58,9 +58,6 @@ func rel(dir, path string) []string {
 	return strings.Split(r, "/")
 }
 
-// Under reports whether path lies below kubelet's root.
-func (l Layout) Under(path string) bool { return l.Root != "" && rel(l.Root, path) != nil }
-
 // Staging reports whether path is where kubelet stages the filesystem
 // volume volumeID of the driver.
 func (l Layout) Staging(path, volumeID string) bool {

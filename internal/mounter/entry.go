@@ -117,6 +117,21 @@ func firstLink(dir string) string {
 
 func (e *entry) Close() error { return e.parent.Close() }
 
+// openLeaf opens path's entry (see openEntry for its errors) and looks at
+// its last element; the caller closes the entry.
+func openLeaf(path string) (*entry, leaf, error) {
+	e, err := openEntry(path)
+	if err != nil {
+		return nil, leaf{}, err
+	}
+	l, err := e.stat()
+	if err != nil {
+		e.Close()
+		return nil, leaf{}, err
+	}
+	return e, l, nil
+}
+
 // leaf is what is at an entry, seen without following a link.
 type leaf struct {
 	exists     bool
@@ -342,14 +357,13 @@ type PathInfo struct {
 // link anywhere in it is ErrSymlink, a missing parent directory an error
 // wrapping fs.ErrNotExist.
 func Lookup(path string) (PathInfo, error) {
-	e, err := openEntry(path)
+	e, l, err := openLeaf(path)
 	if err != nil {
 		return PathInfo{}, err
 	}
 	defer e.Close()
-	l, err := e.stat()
-	if err != nil || !l.exists {
-		return PathInfo{}, err
+	if !l.exists {
+		return PathInfo{}, nil
 	}
 	return e.info(l)
 }

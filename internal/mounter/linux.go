@@ -238,19 +238,11 @@ func (m *Linux) IsMounted(ctx context.Context, path string) (bool, error) {
 // parent directory, or an element that is no directory) is (nil, no leaf,
 // nil).
 func look(path string) (*entry, leaf, error) {
-	e, err := openEntry(path)
+	e, l, err := openLeaf(path)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrPathConflict) {
 		return nil, leaf{}, nil
 	}
-	if err != nil {
-		return nil, leaf{}, err
-	}
-	l, err := e.stat()
-	if err != nil {
-		e.Close()
-		return nil, leaf{}, err
-	}
-	return e, l, nil
+	return e, l, err
 }
 
 // lookMounted is look for a path that must be a mount point: anything

@@ -117,16 +117,11 @@ func plan(e *entry, l leaf, src *source) (Made, error) {
 // planAt opens target and plans a mount of src there. A missing parent
 // directory is ErrPathConflict: csid creates a target, never its parents.
 func planAt(src *source, target string) (*entry, Made, error) {
-	e, err := openEntry(target)
+	e, l, err := openLeaf(target)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, Made{}, fmt.Errorf("the parent directory of %s does not exist (the CO creates it; csid creates only the target itself): %w", target, ErrPathConflict)
 	}
 	if err != nil {
-		return nil, Made{}, err
-	}
-	l, err := e.stat()
-	if err != nil {
-		e.Close()
 		return nil, Made{}, err
 	}
 	made, err := plan(e, l, src)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/csid-dev/csid/internal/mounter"
@@ -339,49 +340,21 @@ func testUnmountForeign(t *testing.T, e Env) {
 	}
 }
 
-// snapshot describes what is under dir, to tell that a refused call changed
-// nothing: every entry's type, a file's content, a link's destination.
-func snapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.Type()&fs.ModeSymlink != 0:
-			to, err := os.Readlink(p)
-			out[p] = "link to " + to
-			return err
-		case d.Type().IsRegular():
-			raw, err := os.ReadFile(p)
-			out[p] = "file " + string(raw)
-			return err
-		default:
-			out[p] = d.Type().String()
-		}
-		return nil
-	}))
-	return out
-}
-
+// unchanged fails the test if before and after (testutil.Trees) differ.
 func unchanged(t *testing.T, what string, before, after map[string]string) {
 	t.Helper()
-	for p, b := range before {
-		if after[p] != b {
-			t.Errorf("%s changed %s: %q, was %q", what, p, after[p], b)
-		}
-	}
-	for p, a := range after {
-		if _, ok := before[p]; !ok {
-			t.Errorf("%s made %s (%s)", what, p, a)
-		}
+	if d := testutil.Changes(before, after); len(d) > 0 {
+		t.Errorf("%s changed what was there:\n%s", what, strings.Join(d, "\n"))
 	}
 }
 
 // testSymlinks: a link as the target, as an element of the target's
 // parent, or as a bind mount's source is refused with ErrSymlink by every
-// method, and nothing is mounted or changed where the link points.
+// method, and nothing is mounted or changed where the link points. Undo,
+// what a failed node call runs, is asked to undo the most it could (the
+// staging mount, and a target it created): followed, the link to the
+// staging path would lose it its mount, the others their empty directory
+// or file.
 func testSymlinks(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
@@ -396,7 +369,7 @@ func testSymlinks(t *testing.T, e Env) {
 	must(t, os.Symlink(filepath.Join(elsewhere, "file"), filepath.Join(e.Dir, "link-to-file")))
 	must(t, os.Symlink(elsewhere, filepath.Join(e.Dir, "link-parent")))
 	must(t, os.Symlink(staging, filepath.Join(e.Dir, "link-to-staging")))
-	before := snapshot(t, e.Dir)
+	before := testutil.Tree(t, e.Dir)
 	for _, link := range []string{"link-to-dir", "link-to-file", "link-parent/empty", "link-parent/new", "link-to-staging"} {
 		p := filepath.Join(e.Dir, link)
 		errs := map[string]error{
@@ -405,6 +378,7 @@ func testSymlinks(t *testing.T, e Env) {
 			"BindMount from":  m.BindMount(ctx, p, filepath.Join(e.Dir, "target"), false),
 			"BindMountDevice": m.BindMountDevice(ctx, dev, p, false),
 			"Unmount":         m.Unmount(ctx, p),
+			"Undo":            m.Undo(ctx, p, mounter.Made{Kind: mounter.FilesystemMount, Source: dev, Created: true, Mounted: true}),
 		}
 		_, errs["Plan"] = m.Plan(ctx, mounter.DirBind, staging, p)
 		_, errs["IsMounted"] = m.IsMounted(ctx, p)
@@ -414,7 +388,7 @@ func testSymlinks(t *testing.T, e Env) {
 			}
 		}
 	}
-	unchanged(t, "calls on symbolic links", before, snapshot(t, e.Dir))
+	unchanged(t, "calls on symbolic links", before, testutil.Tree(t, e.Dir))
 	mounted(t, m, filepath.Join(elsewhere, "empty"), false)
 	mounted(t, m, staging, true)
 }
@@ -472,7 +446,7 @@ func testContent(t *testing.T, e Env) {
 	must(t, os.WriteFile(filepath.Join(full, "data"), []byte("keep"), 0o600))
 	must(t, os.WriteFile(filepath.Join(e.Dir, "file"), []byte("keep"), 0o600))
 	must(t, os.WriteFile(filepath.Join(e.Dir, "emptyfile"), nil, 0o600))
-	before := snapshot(t, e.Dir)
+	before := testutil.Tree(t, e.Dir)
 	cases := []struct {
 		name string
 		kind mounter.MountKind
@@ -507,7 +481,7 @@ func testContent(t *testing.T, e Env) {
 		}
 		mounted(t, m, c.path, false)
 	}
-	unchanged(t, "refused mounts", before, snapshot(t, e.Dir))
+	unchanged(t, "refused mounts", before, testutil.Tree(t, e.Dir))
 }
 
 // testPlanUndo: Plan says what a mount will make; Undo removes that and
@@ -549,6 +523,21 @@ func testPlanUndo(t *testing.T, e Env) {
 	must(t, m.BindMountDevice(ctx, dev, disk, false))
 	must(t, m.Undo(ctx, disk, made))
 	gone(t, disk)
+	// A raw block target that existed (an empty file): Undo unmounts, and
+	// leaves the file.
+	file := filepath.Join(e.Dir, "file")
+	must(t, os.WriteFile(file, nil, 0o600))
+	made, err = m.Plan(ctx, mounter.DeviceBind, dev, file)
+	must(t, err)
+	if made.Created || !made.Mounted {
+		t.Fatalf("Plan of an existing empty file = %+v, want mounted, not created", made)
+	}
+	must(t, m.BindMountDevice(ctx, dev, file, false))
+	must(t, m.Undo(ctx, file, made))
+	mounted(t, m, file, false)
+	if fi, err := os.Lstat(file); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("Undo removed a file it did not create: %v, %v", fi, err)
+	}
 	// A directory it created, into which someone wrote: stays, an error.
 	created := filepath.Join(e.Dir, "created")
 	made = mounter.Made{Kind: mounter.DirBind, Source: staging, Created: true, Mounted: true}
