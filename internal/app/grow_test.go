@@ -317,6 +317,12 @@ func TestGrowthSurvivesAKill(t *testing.T) {
 	}
 	t.Logf("%d kills: %d left a filesystem e2fsck -fn finds damaged; after the restart, %d need a manual fsck or lost data",
 		len(kills), needed, failed)
+	if needed == 0 {
+		// Then nothing above needed the repair: the kills no longer
+		// strike where a filesystem is left damaged, and the test would
+		// pass without it.
+		t.Errorf("none of the %d kills left a damaged filesystem: the repair was never exercised", len(kills))
+	}
 	r.noGrowRecords(t)
 }
 
