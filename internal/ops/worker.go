@@ -295,7 +295,7 @@ func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 			return err
 		}
 		if e.cfg.Forget && op.Event == fsm.NodeUnstage {
-			if err := Forget(tx, v, "unstaged: nothing of it is left on this node", now); err != nil {
+			if _, err := Forget(tx, v, "unstaged: nothing of it is left on this node", now); err != nil {
 				return err
 			}
 		}
