@@ -137,6 +137,12 @@ type Config struct {
 	Observer  Observer
 	// NewID draws volume ids (default "vol-" and 20 random hex digits).
 	NewID func() string
+
+	// inCommit, if set, runs first inside every transaction in which a
+	// worker commits an op's progress or outcome (what: "commit the
+	// outcome", ...). Tests only: a panic or an error there, as a bug
+	// would make one.
+	inCommit func(event fsm.Event, what string)
 }
 
 // Engine runs ops. Create it with New, then Start it.

@@ -73,15 +73,18 @@ func ForgetUnmounted(v *store.Volume, mounted func(path string) bool) (*store.Vo
 // has a staging or a target here, so its state file does not grow with
 // every volume it ever served; the ops that tell the volume's story stay
 // within the store's op retention. Call it only for a store that holds
-// this node's records alone (node mode); a record in any other state is
-// left as it is.
-func Forget(tx *store.Tx, v *store.Volume, why string, now time.Time) error {
-	if v.State != fsm.NodeReady || v.Stage != nil || len(v.Targets) > 0 {
-		return nil
+// this node's records alone (node mode); a record in any other state, or
+// with an op in flight, is left as it is. It reports whether it forgot v.
+func Forget(tx *store.Tx, v *store.Volume, why string, now time.Time) (bool, error) {
+	if v.State != fsm.NodeReady || v.Stage != nil || len(v.Targets) > 0 || v.ActiveOp != 0 {
+		return false, nil
 	}
 	nv := v.Clone()
 	nv.State = fsm.Absent
-	return tx.Reconcile(nv, fsm.Forget, fsm.NoGuard, why, now)
+	if err := tx.Reconcile(nv, fsm.Forget, fsm.NoGuard, why, now); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // confirmedDone asks the Confirmer about a request the record says is

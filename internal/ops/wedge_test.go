@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,6 +146,50 @@ func TestFullStateFileSystemNeverStrandsAnOp(t *testing.T) {
 	if !h.eng.Ready() {
 		t.Error("not ready after space was freed")
 	}
+	checkInvariants(t, h)
+}
+
+// TestPanicInAnOutcomeCommitStrandsNothing: a panic inside the transaction
+// that commits an op's outcome (a bug) fails that commit alone: its caller
+// is told, the op stays active in the store, other volumes go on, and the
+// CO's retry runs the op again on a worker of its own, to its outcome; csid
+// makes progress with no restart.
+func TestPanicInAnOutcomeCommitStrandsNothing(t *testing.T) {
+	var panics atomic.Int32
+	h := newHarness(t, func(c *Config) {
+		c.inCommit = func(ev fsm.Event, what string) {
+			if ev == fsm.ControllerPublish && what == "commit the outcome" && panics.Add(1) == 1 {
+				panic("a bug in the outcome's commit")
+			}
+		}
+	})
+	id := h.must(createReq("pvc-a", gib)).Volume.ID
+	_, err := h.submit(publishReq(id, "node-1"))
+	wantCode(t, err, codes.Internal)
+	if !strings.Contains(err.Error(), "a bug in the outcome's commit") {
+		t.Errorf("the answer does not name the panic: %v", err)
+	}
+	if panics.Load() != 1 {
+		t.Fatalf("the outcome's commit ran %d times, want 1 (the panic)", panics.Load())
+	}
+	if v := h.volume(id); v.State != fsm.Created || v.ActiveOp == 0 {
+		t.Fatalf("after the panic the op must stay active on the volume, unfinished: %+v", v)
+	}
+	if !h.eng.Ready() || h.st.Health() != nil {
+		t.Errorf("a panic in one transaction made csid not ready: %v", h.st.Health())
+	}
+	// Another volume's lifecycle goes on meanwhile.
+	other := h.must(createReq("pvc-b", gib)).Volume.ID
+	h.must(publishReq(other, "node-1"))
+	// The CO's retry joins the op left in the store, which runs again.
+	out := h.must(publishReq(id, "node-1"))
+	if out.Volume.State != fsm.NodeReady || out.Volume.ActiveOp != 0 {
+		t.Fatalf("the retried publish: %+v", out.Volume)
+	}
+	if n := h.ex.count(fsm.ControllerPublish); n != 3 {
+		t.Errorf("controller_publish ran %d times, want 3 (twice for %s, once for %s)", n, id, other)
+	}
+	h.must(stageReq(id, "/stage/"+id))
 	checkInvariants(t, h)
 }
 

@@ -295,7 +295,7 @@ func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 			return err
 		}
 		if e.cfg.Forget && op.Event == fsm.NodeUnstage {
-			if err := Forget(tx, v, "unstaged: nothing of it is left on this node", now); err != nil {
+			if _, err := Forget(tx, v, "unstaged: nothing of it is left on this node", now); err != nil {
 				return err
 			}
 		}
@@ -338,6 +338,10 @@ func (e *Engine) onOutcome(tx *store.Tx, f *flight, op *store.Op, outcome string
 // record: the waiters get the error and the op stays in the store, for the
 // next request or start to pick up).
 func (e *Engine) commit(f *flight, what string, fn func(tx *store.Tx) error, log zerolog.Logger) bool {
+	if hook := e.cfg.inCommit; hook != nil {
+		inner := fn
+		fn = func(tx *store.Tx) error { hook(f.event, what); return inner(tx) }
+	}
 	for {
 		err := e.st.Update(fn)
 		if err == nil {

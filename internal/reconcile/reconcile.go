@@ -296,13 +296,14 @@ func (r *Reconciler) forget(tx *store.Tx, vols []*store.Volume, now time.Time) (
 		if err != nil {
 			return nil, err
 		}
-		if cur == nil || cur.ActiveOp != 0 || cur.State != fsm.NodeReady || cur.Stage != nil || len(cur.Targets) > 0 {
+		if cur == nil {
 			continue
 		}
-		if err := ops.Forget(tx, cur, "nothing of it on this node at start", now); err != nil {
+		if forgot, err := ops.Forget(tx, cur, "nothing of it on this node at start", now); err != nil {
 			return nil, err
+		} else if forgot {
+			out = append(out, v.ID)
 		}
-		out = append(out, v.ID)
 	}
 	return out, nil
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 
-	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,12 +16,9 @@ import (
 // written. It works on a file removed or replaced under csid (the copy is
 // of the file csid has open), not on one cut short.
 func (s *Store) Backup(w io.Writer) (n int64, err error) {
-	if err := s.fileCut(); err != nil {
-		return 0, err
-	}
-	err = s.boltTx(false, func(tx *bolt.Tx) error {
+	err = s.View(func(tx *Tx) error {
 		var err error
-		n, err = tx.WriteTo(w)
+		n, err = tx.tx.WriteTo(w)
 		return err
 	})
 	return n, err
