@@ -261,3 +261,41 @@ func TestQueuedResizeRunsWhenThePublishInFlightFails(t *testing.T) {
 	}
 	checkInvariants(t, h)
 }
+
+// TestPanicInAnExecutorFailsOnlyItsOp: a bug that panics inside an effect
+// (Execute; Compensate is contained the same way) fails that op with
+// Internal, naming the panic, and the op is compensated; the engine, its worker slot and other volumes go on,
+// and the CO's retry runs the op again, without a restart.
+func TestPanicInAnExecutorFailsOnlyItsOp(t *testing.T) {
+	var panics atomic.Int32
+	h := newHarness(t, func(c *Config) { c.Workers = 1 })
+	id := h.must(createReq("pvc-a", gib)).Volume.ID
+	h.ex.fail = func(x *Exec) error {
+		if x.Op.Event == fsm.ControllerPublish && x.Op.VolumeID == id && panics.Add(1) == 1 {
+			panic("a bug in the publish")
+		}
+		return nil
+	}
+	_, err := h.submit(publishReq(id, "node-1"))
+	wantCode(t, err, codes.Internal)
+	if !strings.Contains(err.Error(), "a bug in the publish") {
+		t.Errorf("the answer does not name the panic: %v", err)
+	}
+	if v := h.volume(id); v.State != fsm.Created || v.ActiveOp != 0 {
+		t.Fatalf("after the panic the op must be over and the volume where it was: %+v", v)
+	}
+	if n := h.ex.compensations(fsm.ControllerPublish); n != 1 {
+		t.Errorf("the failed publish was compensated %d times, want 1", n)
+	}
+	if !h.eng.Ready() {
+		t.Error("a panicking executor made csid not ready")
+	}
+	// The only worker slot was given back: another volume's op runs.
+	other := h.must(createReq("pvc-b", gib)).Volume.ID
+	h.must(publishReq(other, "node-1"))
+	// The CO's retry runs the publish again, and it succeeds.
+	if out := h.must(publishReq(id, "node-1")); out.Volume.State != fsm.NodeReady {
+		t.Fatalf("the retried publish: %+v", out.Volume)
+	}
+	checkInvariants(t, h)
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime/debug"
 	"time"
 
 	"github.com/csid-dev/csid/internal/crash"
@@ -126,7 +127,10 @@ func (e *Engine) attempt(f *flight, x *Exec, exec Executor) (res Result, err err
 	limit := e.cfg.Deadlines.of(f.event)
 	ctx, cancel := context.WithTimeoutCause(f.ctx, limit, errDeadline)
 	defer cancel()
-	res, err = exec.Execute(ctx, x)
+	err = contained(x, "Execute", func() (err error) {
+		res, err = exec.Execute(ctx, x)
+		return err
+	})
 	if f.ctx.Err() != nil {
 		return Result{}, nil, false
 	}
@@ -134,6 +138,21 @@ func (e *Engine) attempt(f *flight, x *Exec, exec Executor) (res Result, err err
 		err = Mark(fmt.Errorf("%s did not finish within its deadline of %v: %w", f.event, limit, err), Transient)
 	}
 	return res, err, true
+}
+
+// contained runs one call of an executor, turning a panic into the
+// Internal error of that attempt (logged with its stack): a bug in one
+// effect fails its op, which compensates as any failed op does, and
+// leaves the engine, its worker slot and every other volume going,
+// without a restart.
+func contained(x *Exec, what string, call func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			x.Log.Error().Str("panic", fmt.Sprint(p)).Str("stack", string(debug.Stack())).Msgf("the executor's %s panicked", what)
+			err = Mark(fmt.Errorf("%s %s panicked: %v", x.Op.Event, what, p), Internal)
+		}
+	}()
+	return call()
 }
 
 // errDeadline is the cause of an attempt's context that ran out of time.
@@ -251,7 +270,7 @@ func (e *Engine) compensate(f *flight, x *Exec, exec Executor) (err error, ok bo
 		// A negation cancelled f.ctx; compensation must still run, within
 		// the event's deadline.
 		ctx, cancel := context.WithTimeout(e.base, e.cfg.Deadlines.of(f.event))
-		err = exec.Compensate(ctx, x)
+		err = contained(x, "Compensate", func() error { return exec.Compensate(ctx, x) })
 		cancel()
 		<-e.sem
 		if err == nil {
