@@ -1,6 +1,7 @@
 package effects
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -135,22 +136,15 @@ func (n *Node) Confirm(ctx context.Context, req ops.Request, v *store.Volume) (*
 	} else if ok {
 		return nil, n.confirmDevice(ctx, v, path, kind)
 	}
-	paths := []string{}
-	if v.Stage != nil && v.Stage.Path != "" {
-		paths = append(paths, v.Stage.Path)
-	}
-	for t := range v.Targets {
-		paths = append(paths, t)
-	}
-	mounted := map[string]bool{}
-	for _, p := range paths {
+	var lookErr error
+	nv, guard, why := ops.ForgetUnmounted(v, func(p string) bool {
 		ok, err := n.Mounter.IsMounted(ctx, p)
-		if err != nil {
-			return nil, err
-		}
-		mounted[p] = ok
+		lookErr = cmp.Or(lookErr, err)
+		return ok
+	})
+	if lookErr != nil {
+		return nil, lookErr
 	}
-	nv, guard, why := ops.ForgetUnmounted(v, func(p string) bool { return mounted[p] })
 	if nv == nil {
 		return nil, nil
 	}
