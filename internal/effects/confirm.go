@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"slices"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/fsm"
@@ -167,11 +165,9 @@ func (n *Node) confirmDevice(ctx context.Context, v *store.Volume, path string, 
 	if path == "" {
 		return nil
 	}
-	uses, err := n.Mounter.DeviceUses(ctx, dev.Path)
-	if err != nil {
+	if ok, err := n.mountOf(ctx, dev, path, kind); err != nil {
 		return err
-	}
-	if !slices.Contains(mounter.Paths(uses, kind), filepath.Clean(path)) {
+	} else if !ok {
 		return ops.Errorf(ops.Conflict, "%s, recorded as a mount of volume %s, is not a mount of its disk %s (%s); `csid check` reports it", path, v.ID, dev.Disk.ID, dev.Path)
 	}
 	return nil
