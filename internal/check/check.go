@@ -409,7 +409,7 @@ func (c *comparison) mounts() {
 		if _, ok := recorded[m.Path]; ok || inFlight[m.Path] {
 			continue
 		}
-		if !owned && stagedDevices[dev] && c.underKubelet(m.Path) {
+		if !owned && stagedDevices[dev] && underAny(c.in.Kubelets, m.Path) {
 			continue
 		}
 		c.add(mountUnaccounted(m, dev, owned, csidDevices[dev]))
@@ -557,22 +557,10 @@ func (c *comparison) diskWords(diskID string) string {
 // plugins/kubernetes.io/csi/<driver>/, or beside a vol_data.json that names
 // the driver.
 func (c *comparison) ownedPath(m Mount) bool {
-	for _, k := range c.in.Kubelets {
-		root := filepath.Clean(k.Root) + "/"
-		if !strings.HasPrefix(m.Path, root) {
-			continue
-		}
-		if m.Driver == k.DriverName || strings.HasPrefix(m.Path, filepath.Join(root, "plugins", "kubernetes.io", "csi", k.DriverName)+"/") {
-			return true
-		}
-	}
-	return false
-}
-
-// underKubelet reports whether path lies in the kubelet directory of a
-// csid read.
-func (c *comparison) underKubelet(path string) bool {
-	return slices.ContainsFunc(c.in.Kubelets, func(k Kubelet) bool { return strings.HasPrefix(path, filepath.Clean(k.Root)+"/") })
+	return slices.ContainsFunc(c.in.Kubelets, func(k Kubelet) bool {
+		plugin := filepath.Join(k.Root, "plugins", "kubernetes.io", "csi", k.DriverName)
+		return under(k.Root, m.Path) && (m.Driver == k.DriverName || under(plugin, m.Path))
+	})
 }
 
 // mountDevice is the block device a mount is of: its source, or for a
