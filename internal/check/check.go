@@ -502,13 +502,8 @@ func (c *comparison) identities() {
 	if !c.in.DevicesRead || !c.haveN {
 		return // devices() and mounts() say why in their notes
 	}
-	owner := map[string]string{} // device -> the disk bound to it
-	for diskID, devs := range c.in.Devices {
-		for _, dev := range devs {
-			owner[dev] = diskID
-		}
-	}
-	top := map[string]Mount{} // the top mount at each path
+	owner, _ := c.csidDevices() // device -> the disk bound to it
+	top := map[string]Mount{}   // the top mount at each path
 	for _, m := range c.in.Mounts {
 		top[m.Path] = m
 	}
