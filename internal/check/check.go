@@ -10,9 +10,11 @@
 // gathered, is left out of the comparison (its records, disk, devices and
 // mounts may be between two states); Report.Notes says so.
 //
-// # Findings (Finding.Kind)
+// # Findings (Finding.Kind), in the order reports list them
 //
 //	record-damaged           a record of csid's state file fails its checksum: csid does not act on it
+//	device-mismatch          a volume's staging or target path is a mount of another device than its disk's,
+//	                         or the device its record names is bound to another disk
 //	disk-without-volume      the cloud has a disk no record names
 //	volume-without-disk      a record names a disk the cloud does not have
 //	attachment-unknown       the cloud has a disk attached to a node the record does not say
@@ -20,8 +22,6 @@
 //	loop-device-unaccounted  a loop device of the state directory's disks that no attached volume explains
 //	mount-unaccounted        a mount of csid's (in its kubelet directories, or of its devices) that no record explains
 //	mount-missing            a record says staged or published at a path where nothing is mounted
-//	device-mismatch          a volume's staging or target path is a mount of another device than its disk's,
-//	                         or the device its record names is bound to another disk
 package check
 
 import (
@@ -46,6 +46,7 @@ type Kind string
 // Kinds of findings, in the order reports list them.
 const (
 	RecordDamaged         Kind = "record-damaged"
+	DeviceMismatch        Kind = "device-mismatch"
 	DiskWithoutVolume     Kind = "disk-without-volume"
 	VolumeWithoutDisk     Kind = "volume-without-disk"
 	AttachmentUnknown     Kind = "attachment-unknown"
@@ -53,7 +54,6 @@ const (
 	LoopDeviceUnaccounted Kind = "loop-device-unaccounted"
 	MountUnaccounted      Kind = "mount-unaccounted"
 	MountMissing          Kind = "mount-missing"
-	DeviceMismatch        Kind = "device-mismatch"
 )
 
 // Kinds lists every kind, in report order.
