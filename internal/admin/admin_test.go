@@ -96,6 +96,7 @@ func TestClientMatchesStore(t *testing.T) {
 			func() (any, error) { return src.Ops(ctx, view.OpFilter{Limit: 2, VolumeID: viewtest.Published}) }},
 		{"op", func() (any, error) { return c.Op(ctx, 3) }, func() (any, error) { return src.Op(ctx, 3) }},
 		{"resizes", func() (any, error) { return c.Resizes(ctx) }, func() (any, error) { return src.Resizes(ctx) }},
+		{"damaged", func() (any, error) { return c.Damaged(ctx) }, func() (any, error) { return src.Damaged(ctx) }},
 		{"info", func() (any, error) { return c.Info(ctx) }, func() (any, error) { return src.Info(ctx) }},
 	}
 	for _, p := range pairs {

@@ -10,9 +10,11 @@
 // gathered, is left out of the comparison (its records, disk, devices and
 // mounts may be between two states); Report.Notes says so.
 //
-// # Findings (Finding.Kind)
+// # Findings (Finding.Kind), in the order reports list them
 //
 //	record-damaged           a record of csid's state file fails its checksum: csid does not act on it
+//	device-mismatch          a volume's staging or target path is a mount of another device than its disk's,
+//	                         or the device its record names is bound to another disk
 //	disk-without-volume      the cloud has a disk no record names
 //	volume-without-disk      a record names a disk the cloud does not have
 //	attachment-unknown       the cloud has a disk attached to a node the record does not say
@@ -20,8 +22,6 @@
 //	loop-device-unaccounted  a loop device of the state directory's disks that no attached volume explains
 //	mount-unaccounted        a mount of csid's (in its kubelet directories, or of its devices) that no record explains
 //	mount-missing            a record says staged or published at a path where nothing is mounted
-//	device-mismatch          a volume's staging or target path is a mount of another device than its disk's,
-//	                         or the device its record names is bound to another disk
 package check
 
 import (
@@ -46,6 +46,7 @@ type Kind string
 // Kinds of findings, in the order reports list them.
 const (
 	RecordDamaged         Kind = "record-damaged"
+	DeviceMismatch        Kind = "device-mismatch"
 	DiskWithoutVolume     Kind = "disk-without-volume"
 	VolumeWithoutDisk     Kind = "volume-without-disk"
 	AttachmentUnknown     Kind = "attachment-unknown"
@@ -53,7 +54,6 @@ const (
 	LoopDeviceUnaccounted Kind = "loop-device-unaccounted"
 	MountUnaccounted      Kind = "mount-unaccounted"
 	MountMissing          Kind = "mount-missing"
-	DeviceMismatch        Kind = "device-mismatch"
 )
 
 // Kinds lists every kind, in report order.
@@ -409,7 +409,7 @@ func (c *comparison) mounts() {
 		if _, ok := recorded[m.Path]; ok || inFlight[m.Path] {
 			continue
 		}
-		if !owned && stagedDevices[dev] && c.underKubelet(m.Path) {
+		if !owned && stagedDevices[dev] && underAny(c.in.Kubelets, m.Path) {
 			continue
 		}
 		c.add(mountUnaccounted(m, dev, owned, csidDevices[dev]))
@@ -502,13 +502,8 @@ func (c *comparison) identities() {
 	if !c.in.DevicesRead || !c.haveN {
 		return // devices() and mounts() say why in their notes
 	}
-	owner := map[string]string{} // device -> the disk bound to it
-	for diskID, devs := range c.in.Devices {
-		for _, dev := range devs {
-			owner[dev] = diskID
-		}
-	}
-	top := map[string]Mount{} // the top mount at each path
+	owner, _ := c.csidDevices() // device -> the disk bound to it
+	top := map[string]Mount{}   // the top mount at each path
 	for _, m := range c.in.Mounts {
 		top[m.Path] = m
 	}
@@ -557,22 +552,10 @@ func (c *comparison) diskWords(diskID string) string {
 // plugins/kubernetes.io/csi/<driver>/, or beside a vol_data.json that names
 // the driver.
 func (c *comparison) ownedPath(m Mount) bool {
-	for _, k := range c.in.Kubelets {
-		root := filepath.Clean(k.Root) + "/"
-		if !strings.HasPrefix(m.Path, root) {
-			continue
-		}
-		if m.Driver == k.DriverName || strings.HasPrefix(m.Path, filepath.Join(root, "plugins", "kubernetes.io", "csi", k.DriverName)+"/") {
-			return true
-		}
-	}
-	return false
-}
-
-// underKubelet reports whether path lies in the kubelet directory of a
-// csid read.
-func (c *comparison) underKubelet(path string) bool {
-	return slices.ContainsFunc(c.in.Kubelets, func(k Kubelet) bool { return strings.HasPrefix(path, filepath.Clean(k.Root)+"/") })
+	return slices.ContainsFunc(c.in.Kubelets, func(k Kubelet) bool {
+		plugin := filepath.Join(k.Root, "plugins", "kubernetes.io", "csi", k.DriverName)
+		return under(k.Root, m.Path) && (m.Driver == k.DriverName || under(plugin, m.Path))
+	})
 }
 
 // mountDevice is the block device a mount is of: its source, or for a

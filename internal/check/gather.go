@@ -36,6 +36,15 @@ type Kubelet struct {
 	Root       string `json:"root"`
 }
 
+// under reports whether path lies in directory dir.
+func under(dir, path string) bool { return strings.HasPrefix(path, filepath.Clean(dir)+"/") }
+
+// underAny reports whether path lies in the root directory of one of the
+// kubelets.
+func underAny(kubelets []Kubelet, path string) bool {
+	return slices.ContainsFunc(kubelets, func(k Kubelet) bool { return under(k.Root, path) })
+}
+
 // Cloud is what Gather reads of the cloud and the machine's loop devices;
 // *local.Inspector is one.
 type Cloud interface {
@@ -181,7 +190,7 @@ func withVolData(mps []mounter.MountPoint, kubelets []Kubelet) []Mount {
 	out := make([]Mount, len(mps))
 	for i, mp := range mps {
 		out[i].MountPoint = mp
-		if !slices.ContainsFunc(kubelets, func(k Kubelet) bool { return strings.HasPrefix(mp.Path, filepath.Clean(k.Root)+"/") }) {
+		if !underAny(kubelets, mp.Path) {
 			continue
 		}
 		if base := filepath.Base(mp.Path); base != "mount" && base != "globalmount" {

@@ -97,11 +97,15 @@ type Config struct {
 	// Topology: the backend has zones; csid advertises
 	// VOLUME_ACCESSIBILITY_CONSTRAINTS.
 	Topology bool
-	// KubeletRoot, when set, is kubelet's root directory: every staging,
-	// target and volume path of a node request must lie under it
+	// KubeletRoot, when set, is kubelet's root directory: every staging
+	// and target path of a node request must lie under it
 	// (InvalidArgument otherwise). Empty: any absolute path (all-in-one,
-	// the sanity suite). Either way no symbolic link in a path is ever
-	// followed (the mounter refuses them).
+	// the sanity suite). A volume path (NodeGetVolumeStats,
+	// NodeExpandVolume) is not checked against it: it must be one of the
+	// volume's recorded staging and target paths (NotFound otherwise),
+	// which were.
+	// Either way no symbolic link in a path is ever followed (the mounter
+	// refuses them).
 	KubeletRoot string
 }
 

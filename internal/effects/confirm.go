@@ -1,11 +1,10 @@
 package effects
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"slices"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/fsm"
@@ -135,22 +134,15 @@ func (n *Node) Confirm(ctx context.Context, req ops.Request, v *store.Volume) (*
 	} else if ok {
 		return nil, n.confirmDevice(ctx, v, path, kind)
 	}
-	paths := []string{}
-	if v.Stage != nil && v.Stage.Path != "" {
-		paths = append(paths, v.Stage.Path)
-	}
-	for t := range v.Targets {
-		paths = append(paths, t)
-	}
-	mounted := map[string]bool{}
-	for _, p := range paths {
+	var lookErr error
+	nv, guard, why := ops.ForgetUnmounted(v, func(p string) bool {
 		ok, err := n.Mounter.IsMounted(ctx, p)
-		if err != nil {
-			return nil, err
-		}
-		mounted[p] = ok
+		lookErr = cmp.Or(lookErr, err)
+		return ok
+	})
+	if lookErr != nil {
+		return nil, lookErr
 	}
-	nv, guard, why := ops.ForgetUnmounted(v, func(p string) bool { return mounted[p] })
 	if nv == nil {
 		return nil, nil
 	}
@@ -173,11 +165,9 @@ func (n *Node) confirmDevice(ctx context.Context, v *store.Volume, path string, 
 	if path == "" {
 		return nil
 	}
-	uses, err := n.Mounter.DeviceUses(ctx, dev.Path)
-	if err != nil {
+	if ok, err := n.mountOf(ctx, dev, path, kind); err != nil {
 		return err
-	}
-	if !slices.Contains(mounter.Paths(uses, kind), filepath.Clean(path)) {
+	} else if !ok {
 		return ops.Errorf(ops.Conflict, "%s, recorded as a mount of volume %s, is not a mount of its disk %s (%s); `csid check` reports it", path, v.ID, dev.Disk.ID, dev.Path)
 	}
 	return nil

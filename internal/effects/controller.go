@@ -338,12 +338,8 @@ func (expandExec) Compensate(context.Context, *ops.Exec) error { return nil }
 // ResizeTagReached reports whether disk d has a resize-to tag that its size
 // covers (or one that does not parse, which nothing can act on).
 func ResizeTagReached(d cloud.Disk) bool {
-	raw, ok := d.Tags[TagResizeTo]
-	if !ok {
-		return false
-	}
-	n, err := strconv.ParseInt(raw, 10, 64)
-	return err != nil || n <= d.SizeBytes
+	_, ok := d.Tags[TagResizeTo]
+	return ok && ResizeTag(d) == 0
 }
 
 // ResizeTag returns the target of the resize queued on disk d by its tag,

@@ -76,3 +76,34 @@ func TestRefusedAttachGetsItsCode(t *testing.T) {
 		t.Errorf("attach of a disk attached elsewhere: %v", err)
 	}
 }
+
+// TestResizeTag: a disk's resize-to tag is a target while its size is
+// short of it, and reached once the size covers it; a tag that does not
+// parse is no target and counts as reached (nothing can act on it); a disk
+// without the tag has neither.
+func TestResizeTag(t *testing.T) {
+	for _, c := range []struct {
+		tag         string // "-": no tag
+		target      int64
+		reached     bool
+		description string
+	}{
+		{"-", 0, false, "no tag"},
+		{"2048", 2048, false, "a target above the size"},
+		{"1024", 0, true, "a target the size reaches"},
+		{"512", 0, true, "a target below the size"},
+		{"", 0, true, "a cleared tag"},
+		{"lots", 0, true, "a tag that does not parse"},
+	} {
+		d := cloud.Disk{ID: "disk-1", SizeBytes: 1024, Tags: map[string]string{}}
+		if c.tag != "-" {
+			d.Tags[effects.TagResizeTo] = c.tag
+		}
+		if got := effects.ResizeTag(d); got != c.target {
+			t.Errorf("%s: ResizeTag = %d, want %d", c.description, got, c.target)
+		}
+		if got := effects.ResizeTagReached(d); got != c.reached {
+			t.Errorf("%s: ResizeTagReached = %v, want %v", c.description, got, c.reached)
+		}
+	}
+}

@@ -126,17 +126,25 @@ func (n *Node) stagedFrom(ctx context.Context, v store.Volume, staging string) (
 	if err != nil {
 		return nil, err
 	}
-	uses, err := n.Mounter.DeviceUses(ctx, dev.Path)
+	ok, err := n.mountOf(ctx, dev, staging, mounter.FilesystemMount)
+	if err == nil && !ok {
+		err = ops.Errorf(ops.Conflict, "the staging path %s of volume %s is not a mount of its disk %s (%s): something else is mounted there",
+			staging, v.ID, dev.Disk.ID, dev.Path)
+	}
 	if err != nil {
 		dev.Close()
 		return nil, err
 	}
-	if !slices.Contains(mounter.Paths(uses, mounter.FilesystemMount), filepath.Clean(staging)) {
-		dev.Close()
-		return nil, ops.Errorf(ops.Conflict, "the staging path %s of volume %s is not a mount of its disk %s (%s): something else is mounted there",
-			staging, v.ID, dev.Disk.ID, dev.Path)
-	}
 	return dev, nil
+}
+
+// mountOf reports whether path is a mount of kind of the open device dev.
+func (n *Node) mountOf(ctx context.Context, dev *cloud.Device, path string, kind mounter.MountKind) (bool, error) {
+	uses, err := n.Mounter.DeviceUses(ctx, dev.Path)
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(mounter.Paths(uses, kind), filepath.Clean(path)), nil
 }
 
 // hint is the device the volume's stage found: where to look first.
