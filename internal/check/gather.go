@@ -2,7 +2,6 @@ package check
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/kubelet"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/view"
 )
@@ -204,14 +204,8 @@ func withVolData(mps []mounter.MountPoint, kubelets []Kubelet) []Mount {
 // volDataDriver reads the driver name of a kubelet vol_data.json; "" when
 // there is none or it cannot be read.
 func volDataDriver(path string) string {
-	raw, err := os.ReadFile(path)
+	d, err := kubelet.ReadVolData(path) // never through a link, size-capped
 	if err != nil {
-		return ""
-	}
-	var d struct {
-		DriverName string `json:"driverName"`
-	}
-	if json.Unmarshal(raw, &d) != nil {
 		return ""
 	}
 	return d.DriverName
