@@ -85,6 +85,11 @@ type DiskSpec struct {
 	// Tags are kept with the disk and reported by GetDisk and ListDisks;
 	// csid stores in them what it needs to rebuild its records.
 	Tags map[string]string
+	// Source, when set, is what the disk's content is copied from (a
+	// Snapshotter's snapshot or another disk); the size is at least the
+	// source's. Creating the same name again with another source is
+	// ErrAlreadyExists.
+	Source *DiskSource
 }
 
 // OpKind names what an operation does.
@@ -108,6 +113,8 @@ type Operation struct {
 	Kind   OpKind `json:"kind"`
 	DiskID string `json:"diskID"`
 	NodeID string `json:"nodeID,omitempty"`
+	// SnapshotID is the snapshot a snapshot operation makes or deletes.
+	SnapshotID string `json:"snapshotID,omitempty"`
 	// Done says the operation had already finished when the call that
 	// started (or joined) it returned: WaitOperation answers at once, and a
 	// caller need not record the id, since repeating the idempotent call
@@ -297,4 +304,85 @@ func MergeTags(have, tags map[string]string) (map[string]string, bool, error) {
 		out = nil
 	}
 	return out, changed, nil
+}
+
+// Snapshot operation kinds.
+const (
+	OpSnapshot       OpKind = "snapshot"
+	OpDeleteSnapshot OpKind = "delete-snapshot"
+)
+
+// ErrNotSupported: the provider cannot do this at all (a snapshot of an
+// attached disk where it has no way to make one consistent, say). Retrying
+// does not help.
+var ErrNotSupported = errors.New("not supported by the provider")
+
+// Snapshot is a point-in-time copy of a disk as the provider reports it.
+type Snapshot struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// SourceDiskID is the disk it was taken of; the disk may be gone since.
+	SourceDiskID string `json:"sourceDiskID"`
+	// SizeBytes is the source disk's size when the snapshot was taken: the
+	// smallest disk it can be restored to.
+	SizeBytes int64 `json:"sizeBytes"`
+	// StoredBytes is what the snapshot occupies (holes not counted); 0 when
+	// the provider does not say.
+	StoredBytes int64             `json:"storedBytes,omitempty"`
+	Tags        map[string]string `json:"tags,omitempty"`
+	CreatedAt   time.Time         `json:"createdAt"`
+	// Ready says the snapshot can be restored from.
+	Ready bool `json:"ready"`
+}
+
+// SnapshotSpec describes a snapshot to take.
+type SnapshotSpec struct {
+	// Name is the idempotency key: the same name of the same disk returns
+	// the same snapshot; of another disk, ErrAlreadyExists.
+	Name         string
+	SourceDiskID string
+	Tags         map[string]string
+}
+
+// SnapshotListOptions pages through ListSnapshots.
+type SnapshotListOptions struct {
+	ListOptions
+	// SourceDiskID, when set, lists only the snapshots of that disk.
+	SourceDiskID string
+}
+
+// SnapshotPage is one page of ListSnapshots, ordered by snapshot ID.
+type SnapshotPage struct {
+	Snapshots []Snapshot
+	// NextToken is "" on the last page.
+	NextToken string
+}
+
+// DiskSource is what a new disk's content comes from (DiskSpec.Source):
+// exactly one of its fields is set.
+type DiskSource struct {
+	SnapshotID string `json:"snapshotID,omitempty"`
+	DiskID     string `json:"diskID,omitempty"`
+}
+
+// Snapshotter is implemented by providers that take snapshots of disks and
+// create disks from snapshots and from other disks (DiskSpec.Source). Its
+// contract is the Cloud's: every mutating call returns an Operation at once
+// (Operation.SnapshotID names the snapshot), is idempotent by name, and is
+// waited on with WaitOperation, which returns the zero Disk for snapshot
+// operations (read the snapshot with GetSnapshot).
+type Snapshotter interface {
+	// CreateSnapshot starts taking a snapshot. An unknown source disk is
+	// ErrNotFound; a name taken by a snapshot of another disk,
+	// ErrAlreadyExists; an attached disk the provider cannot snapshot
+	// consistently, ErrNotSupported.
+	CreateSnapshot(ctx context.Context, spec SnapshotSpec) (Operation, error)
+	// DeleteSnapshot starts deleting a snapshot. One that does not exist is
+	// success. Disks created from it are not affected.
+	DeleteSnapshot(ctx context.Context, snapshotID string) (Operation, error)
+	// GetSnapshot reports a snapshot, or ErrNotFound.
+	GetSnapshot(ctx context.Context, snapshotID string) (Snapshot, error)
+	// ListSnapshots returns one page of snapshots ordered by ID, with the
+	// token rules of ListDisks.
+	ListSnapshots(ctx context.Context, opts SnapshotListOptions) (SnapshotPage, error)
 }
