@@ -72,6 +72,10 @@ type Disk struct {
 	// AttachedTo is the node the disk is attached to; empty when detached.
 	AttachedTo string    `json:"attachedTo,omitempty"`
 	CreatedAt  time.Time `json:"createdAt"`
+	// Source is what the disk's content was copied from when it was
+	// created (DiskSpec.Source); nil for a disk created empty. The source
+	// may be gone since.
+	Source *DiskSource `json:"source,omitempty"`
 }
 
 // DiskSpec describes a disk to create.
@@ -86,9 +90,14 @@ type DiskSpec struct {
 	// csid stores in them what it needs to rebuild its records.
 	Tags map[string]string
 	// Source, when set, is what the disk's content is copied from (a
-	// Snapshotter's snapshot or another disk); the size is at least the
-	// source's. Creating the same name again with another source is
-	// ErrAlreadyExists.
+	// Snapshotter's snapshot or another disk), as it was when the snapshot
+	// was taken, or when the call was made for a disk. SizeBytes must be
+	// at least the source's size (ErrInvalid otherwise); beyond it the
+	// disk reads as zeros. A malformed source (neither or both fields set,
+	// an id not of the provider's format) is ErrInvalid, an unknown one
+	// ErrNotFound, a snapshot not yet Ready ErrTransient. Creating the
+	// same name again with another source is ErrAlreadyExists; with the
+	// same source it returns the disk even if the source is gone since.
 	Source *DiskSource
 }
 
@@ -331,7 +340,8 @@ type Snapshot struct {
 	StoredBytes int64             `json:"storedBytes,omitempty"`
 	Tags        map[string]string `json:"tags,omitempty"`
 	CreatedAt   time.Time         `json:"createdAt"`
-	// Ready says the snapshot can be restored from.
+	// Ready says the snapshot can be restored from. A snapshot still being
+	// taken is reported (GetSnapshot, ListSnapshots) with Ready false.
 	Ready bool `json:"ready"`
 }
 
@@ -370,7 +380,9 @@ type DiskSource struct {
 // contract is the Cloud's: every mutating call returns an Operation at once
 // (Operation.SnapshotID names the snapshot), is idempotent by name, and is
 // waited on with WaitOperation, which returns the zero Disk for snapshot
-// operations (read the snapshot with GetSnapshot).
+// operations (read the snapshot with GetSnapshot). A snapshot is
+// independent of its source disk once taken: it outlives the disk's
+// deletion, and deleting the disk leaves it whole.
 type Snapshotter interface {
 	// CreateSnapshot starts taking a snapshot. An unknown source disk is
 	// ErrNotFound; a name taken by a snapshot of another disk,
@@ -383,6 +395,7 @@ type Snapshotter interface {
 	// GetSnapshot reports a snapshot, or ErrNotFound.
 	GetSnapshot(ctx context.Context, snapshotID string) (Snapshot, error)
 	// ListSnapshots returns one page of snapshots ordered by ID, with the
-	// token rules of ListDisks.
+	// token rules of ListDisks. A SourceDiskID that is not of the
+	// provider's format matches no snapshot.
 	ListSnapshots(ctx context.Context, opts SnapshotListOptions) (SnapshotPage, error)
 }

@@ -13,7 +13,14 @@
 //     or do their work but lose the reply (DropReplies);
 //   - attach limits per node, capacity per zone, several zones;
 //   - a call log with the start and end time of every operation, so a test
-//     can prove an order ("no attach started before the resize finished").
+//     can prove an order ("no attach started before the resize finished");
+//   - disk content, in memory (WriteDisk, ReadDisk), so that a test can see
+//     what a snapshot or a clone copied.
+//
+// It takes snapshots and makes disks from them and from other disks
+// (cloud.Snapshotter, snapshot.go): a snapshot copies its disk's content
+// when the call is made, and is reported with Ready false until its
+// operation completes.
 //
 // It is deterministic: ids are counters, and with no latency every
 // operation has finished when the call that started it returns. A disk with
@@ -45,6 +52,10 @@ const (
 	KindGetDisk   cloud.OpKind = "get"
 	KindListDisks cloud.OpKind = "list"
 	KindGetNode   cloud.OpKind = "node"
+	// KindGetSnapshot and KindListSnapshots are GetSnapshot and
+	// ListSnapshots.
+	KindGetSnapshot   cloud.OpKind = "get-snapshot"
+	KindListSnapshots cloud.OpKind = "list-snapshots"
 )
 
 // Limits.
@@ -102,6 +113,8 @@ type Call struct {
 	Kind   cloud.OpKind
 	DiskID string
 	NodeID string
+	// SnapshotID is the snapshot a snapshot call is about.
+	SnapshotID string
 	// OpID is the operation the call started or joined; "" when none.
 	OpID string
 	// Start is when the call began. End is when the operation it started or
@@ -121,6 +134,9 @@ type Cloud struct {
 	opSeq     uint64
 	disks     map[string]*disk  // by ID, including disks still being created
 	names     map[string]string // name -> disk ID
+	snapSeq   uint64
+	snaps     map[string]*snapshot // by ID, including snapshots being taken
+	snapNames map[string]string    // name -> snapshot ID
 	nodes     map[string]cloud.Node
 	used      map[string]int64 // bytes per zone, reservations included
 	ops       map[string]*operation
@@ -140,6 +156,8 @@ type disk struct {
 	created bool
 	// pending is the operation in flight on the disk, nil when none.
 	pending *operation
+	// content is what the disk holds (WriteDisk).
+	content content
 }
 
 type operation struct {
@@ -188,6 +206,8 @@ func New(opts Options) *Cloud {
 		opts:      opts,
 		disks:     map[string]*disk{},
 		names:     map[string]string{},
+		snaps:     map[string]*snapshot{},
+		snapNames: map[string]string{},
 		nodes:     map[string]cloud.Node{},
 		used:      map[string]int64{},
 		ops:       map[string]*operation{},
@@ -382,17 +402,24 @@ func (c *Cloud) CreateDisk(_ context.Context, spec cloud.DiskSpec) (cloud.Operat
 	if err != nil {
 		return cloud.Operation{}, c.refuse(call, err)
 	}
-	key := fmt.Sprintf("create|%s|%d|%s", spec.Name, size, zone)
+	key := fmt.Sprintf("create|%s|%d|%s|%s", spec.Name, size, zone, sourceKey(spec.Source))
 	if id, ok := c.names[spec.Name]; ok {
 		d := c.disks[id]
 		call.DiskID = id
 		if d.d.SizeBytes != size || d.d.Zone != zone {
 			return cloud.Operation{}, c.refuse(call, fmt.Errorf("disk name %q is taken by %s (%d bytes in %s): %w", spec.Name, id, d.d.SizeBytes, d.d.Zone, cloud.ErrAlreadyExists))
 		}
+		if sourceKey(d.d.Source) != sourceKey(spec.Source) {
+			return cloud.Operation{}, c.refuse(call, fmt.Errorf("disk name %q is taken by %s, made from %s: %w", spec.Name, id, sourceKey(d.d.Source), cloud.ErrAlreadyExists))
+		}
 		if !d.created {
 			return c.join(call, d.pending)
 		}
 		return c.finishedOp(call, cloud.OpCreate, id, "", d.d)
+	}
+	from, err := c.source(spec.Source, zone, size)
+	if err != nil {
+		return cloud.Operation{}, c.refuse(call, err)
 	}
 	if c.used[zone]+size > c.opts.CapacityBytes {
 		return cloud.Operation{}, c.refuse(call, fmt.Errorf("zone %s has %d bytes free, disk needs %d: %w", zone, c.opts.CapacityBytes-c.used[zone], size, cloud.ErrLimitReached))
@@ -402,8 +429,8 @@ func (c *Cloud) CreateDisk(_ context.Context, spec cloud.DiskSpec) (cloud.Operat
 	call.DiskID = id
 	d := &disk{d: cloud.Disk{
 		ID: id, Name: spec.Name, SizeBytes: size, Zone: zone,
-		Tags: maps.Clone(spec.Tags), CreatedAt: c.opts.Now(),
-	}}
+		Tags: maps.Clone(spec.Tags), CreatedAt: c.opts.Now(), Source: cloneSource(spec.Source),
+	}, content: from}
 	c.disks[id] = d
 	c.names[spec.Name] = id
 	c.used[zone] += size
@@ -414,7 +441,7 @@ func (c *Cloud) CreateDisk(_ context.Context, spec cloud.DiskSpec) (cloud.Operat
 		delete(c.names, spec.Name)
 		c.used[zone] -= size
 	}
-	return c.start(call, d, o)
+	return c.start(call, &d.pending, o)
 }
 
 // DeleteDisk starts deleting a disk; see cloud.Cloud. The disk is gone once
@@ -447,7 +474,7 @@ func (c *Cloud) DeleteDisk(_ context.Context, diskID string) (cloud.Operation, e
 		c.used[d.d.Zone] -= d.d.SizeBytes
 		return cloud.Disk{}
 	}
-	return c.start(call, d, o)
+	return c.start(call, &d.pending, o)
 }
 
 // AttachDisk starts attaching a disk to a node; see cloud.Cloud. An attach
@@ -489,7 +516,7 @@ func (c *Cloud) AttachDisk(_ context.Context, diskID, nodeID string) (cloud.Oper
 	}
 	o := c.newOp(cloud.OpAttach, diskID, nodeID, key)
 	o.apply = func() cloud.Disk { d.d.AttachedTo = nodeID; return d.d }
-	return c.start(call, d, o)
+	return c.start(call, &d.pending, o)
 }
 
 // attachedTo counts the disks attached, or being attached, to a node.
@@ -527,7 +554,7 @@ func (c *Cloud) DetachDisk(_ context.Context, diskID, nodeID string) (cloud.Oper
 	}
 	o := c.newOp(cloud.OpDetach, diskID, nodeID, key)
 	o.apply = func() cloud.Disk { d.d.AttachedTo = ""; return d.d }
-	return c.start(call, d, o)
+	return c.start(call, &d.pending, o)
 }
 
 // ResizeDisk starts growing a detached disk; see cloud.Cloud.
@@ -568,7 +595,7 @@ func (c *Cloud) ResizeDisk(_ context.Context, diskID string, sizeBytes int64) (c
 	o := c.newOp(cloud.OpResize, diskID, "", key)
 	o.apply = func() cloud.Disk { d.d.SizeBytes = size; return d.d }
 	o.undo = func() { c.used[zone] -= grow }
-	return c.start(call, d, o)
+	return c.start(call, &d.pending, o)
 }
 
 // UpdateDiskTags sets and removes tags of a disk; see cloud.Cloud. Like
@@ -609,7 +636,7 @@ func (c *Cloud) UpdateDiskTags(_ context.Context, diskID string, tags map[string
 		d.d.Tags, _, _ = cloud.MergeTags(d.d.Tags, tags)
 		return d.d
 	}
-	return c.start(call, d, o)
+	return c.start(call, &d.pending, o)
 }
 
 func (c *Cloud) newOp(kind cloud.OpKind, diskID, nodeID, key string) *operation {
@@ -621,12 +648,13 @@ func (c *Cloud) newOp(kind cloud.OpKind, diskID, nodeID, key string) *operation 
 	}
 }
 
-// start puts o in flight on d and completes it now or after the latency of
-// its kind; the caller holds c.mu.
-func (c *Cloud) start(call *Call, d *disk, o *operation) (cloud.Operation, error) {
+// start puts o in flight on what slot is the pending operation of (a disk
+// or a snapshot), and completes it now or after the latency of its kind;
+// the caller holds c.mu.
+func (c *Cloud) start(call *Call, slot **operation, o *operation) (cloud.Operation, error) {
 	kind := o.op.Kind
 	o.fail = take(c.failOps, kind)
-	d.pending = o
+	*slot = o
 	c.ops[o.op.ID] = o
 	lost := take(c.dropReply, kind)
 	call.OpID = o.op.ID
@@ -634,7 +662,7 @@ func (c *Cloud) start(call *Call, d *disk, o *operation) (cloud.Operation, error
 	finish := func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		c.complete(d, o)
+		c.complete(slot, o)
 	}
 	lat := c.latency[kind]
 	switch hold := c.holds[kind]; {
@@ -650,7 +678,7 @@ func (c *Cloud) start(call *Call, d *disk, o *operation) (cloud.Operation, error
 	case lat > 0:
 		time.AfterFunc(lat, finish)
 	default:
-		c.complete(d, o)
+		c.complete(slot, o)
 	}
 	if lost != nil {
 		call.Err = lost
@@ -665,8 +693,9 @@ func (c *Cloud) start(call *Call, d *disk, o *operation) (cloud.Operation, error
 	return op, nil
 }
 
-// complete finishes o; the caller holds c.mu.
-func (c *Cloud) complete(d *disk, o *operation) {
+// complete finishes o, the pending operation of slot; the caller holds
+// c.mu.
+func (c *Cloud) complete(slot **operation, o *operation) {
 	if o.fail != nil {
 		if o.undo != nil {
 			o.undo()
@@ -676,7 +705,7 @@ func (c *Cloud) complete(d *disk, o *operation) {
 		o.disk = o.apply()
 		o.disk.Tags = maps.Clone(o.disk.Tags)
 	}
-	d.pending = nil
+	*slot = nil
 	o.apply, o.undo = nil, nil
 	end := c.opts.Now()
 	for _, call := range o.calls {
@@ -700,7 +729,11 @@ func (c *Cloud) join(call *Call, o *operation) (cloud.Operation, error) {
 // finishedOp records an operation that has nothing to do: it is finished
 // when the call returns.
 func (c *Cloud) finishedOp(call *Call, kind cloud.OpKind, diskID, nodeID string, left cloud.Disk) (cloud.Operation, error) {
-	o := c.newOp(kind, diskID, nodeID, "")
+	return c.finish(call, c.newOp(kind, diskID, nodeID, ""), left)
+}
+
+// finish records o as finished when the call returns, leaving left.
+func (c *Cloud) finish(call *Call, o *operation, left cloud.Disk) (cloud.Operation, error) {
 	o.disk = left
 	o.disk.Tags = maps.Clone(left.Tags)
 	c.ops[o.op.ID] = o
@@ -921,6 +954,14 @@ func (c *Cloud) String() string {
 		fmt.Fprintf(&b, "%s name=%q size=%d attached=%q created=%v", id, d.d.Name, d.d.SizeBytes, d.d.AttachedTo, d.created)
 		if d.pending != nil {
 			fmt.Fprintf(&b, " pending=%s", d.pending.op.ID)
+		}
+		b.WriteByte('\n')
+	}
+	for _, id := range slices.Sorted(maps.Keys(c.snaps)) {
+		s := c.snaps[id]
+		fmt.Fprintf(&b, "%s name=%q source=%s size=%d ready=%v", id, s.s.Name, s.s.SourceDiskID, s.s.SizeBytes, s.s.Ready)
+		if s.pending != nil {
+			fmt.Fprintf(&b, " pending=%s", s.pending.op.ID)
 		}
 		b.WriteByte('\n')
 	}

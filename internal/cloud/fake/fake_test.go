@@ -15,7 +15,7 @@ import (
 
 const gib = int64(1) << 30
 
-var allKinds = []cloud.OpKind{cloud.OpCreate, cloud.OpDelete, cloud.OpAttach, cloud.OpDetach, cloud.OpResize}
+var allKinds = []cloud.OpKind{cloud.OpCreate, cloud.OpDelete, cloud.OpAttach, cloud.OpDetach, cloud.OpResize, cloud.OpTag, cloud.OpSnapshot, cloud.OpDeleteSnapshot}
 
 func provider(latency time.Duration) func(t *testing.T) cloudtest.Provider {
 	return func(t *testing.T) cloudtest.Provider {
