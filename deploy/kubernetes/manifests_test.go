@@ -31,6 +31,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -85,8 +86,9 @@ type bundle struct {
 }
 
 // decode strictly decodes one object (YAML or JSON) into its API type and
-// files it in b. Unknown fields, duplicate fields and kinds the test has no
-// type for are errors.
+// files it in b, as the API server does: field names are case-sensitive, and
+// unknown fields, duplicate fields and kinds the test has no type for are
+// errors.
 func (b *bundle) decode(doc []byte) error {
 	var meta struct {
 		APIVersion string `json:"apiVersion"`
@@ -96,7 +98,14 @@ func (b *bundle) decode(doc []byte) error {
 		return err
 	}
 	into := func(obj any, add func()) error {
-		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+		// sigs.k8s.io/yaml's own strict decoding matches field names as
+		// encoding/json does, ignoring case: "mountpropagation" would pass.
+		js, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
+		}
+		strict, err := kjson.UnmarshalStrict(js, obj)
+		if err = errors.Join(append([]error{err}, strict...)...); err != nil {
 			return fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
 		}
 		add()
@@ -1405,7 +1414,12 @@ func TestManifestsCatchBreakage(t *testing.T) {
 		{
 			name:      "a misspelt field",
 			edits:     []edit{{"base/node.yaml", "mountPropagation: Bidirectional", "mountPropogation: Bidirectional"}},
-			wantError: `apps/v1 DaemonSet: error unmarshaling JSON: while decoding JSON: json: unknown field "mountPropogation"`,
+			wantError: `apps/v1 DaemonSet: unknown field "spec.template.spec.containers[0].volumeMounts[1].mountPropogation"`,
+		},
+		{
+			name:      "a field in the wrong case",
+			edits:     []edit{{"base/node.yaml", "mountPropagation: Bidirectional", "mountpropagation: Bidirectional"}},
+			wantError: `apps/v1 DaemonSet: unknown field "spec.template.spec.containers[0].volumeMounts[1].mountpropagation"`,
 		},
 		{
 			name:      "node plugin not privileged",
