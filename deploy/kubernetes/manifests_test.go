@@ -3,7 +3,7 @@
 // the controller's state on a PVC, and examples). Its test renders them the
 // way `kubectl apply -k` does, decodes every object strictly into the
 // Kubernetes API types (and the snapshot kinds into external-snapshotter's
-// types), and checks what no schema can:
+// types of the release the docs install), and checks what no schema can:
 // that csid and its sidecars meet on the same socket, that kubelet is told
 // where that socket is on the host, that names, ports, users and flags agree
 // across objects.
@@ -19,6 +19,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +29,7 @@ import (
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/driver"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	"golang.org/x/mod/modfile"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -69,6 +71,10 @@ const (
 	// groupSnapshotGate is csi-snapshotter's feature gate for
 	// VolumeGroupSnapshots, on by default since v8.6.
 	groupSnapshotGate = "CSIVolumeGroupSnapshot"
+	// snapshotClientModule holds the snapshot API types this test decodes
+	// with; its version is the external-snapshotter release the manifests
+	// and docs/deploy.md pin.
+	snapshotClientModule = "github.com/kubernetes-csi/external-snapshotter/client/v8"
 )
 
 // reporter is what the checks report to: *testing.T, or a collector when a
@@ -1517,6 +1523,106 @@ func TestManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkTree(t, tree(here), t.TempDir())
+}
+
+// TestSnapshotterRelease: csi-snapshotter, the snapshot CRDs and
+// snapshot-controller that docs/deploy.md installs, and the snapshot API
+// types this test decodes with are one external-snapshotter release: the
+// version go.mod requires of snapshotClientModule.
+func TestSnapshotterRelease(t *testing.T) {
+	release := moduleVersion(t, snapshotClientModule)
+	base, err := render("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl := onlyStatefulSet(t, base, controllerName)
+	if ctrl == nil {
+		return
+	}
+	cs := byImage(&ctrl.Spec.Template.Spec, snapshotterImage)
+	if len(cs) != 1 {
+		t.Fatalf("want one %s container, have %d", snapshotterImage, len(cs))
+	}
+	if tag := strings.TrimPrefix(cs[0].Image, snapshotterImage+":"); tag != release {
+		t.Errorf("csi-snapshotter %s, but the snapshot API types are of %s %s: bump them together", tag, snapshotClientModule, release)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "deploy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDocPins(t, string(doc), release)
+}
+
+// checkDocPins: every external-snapshotter kustomization the page installs
+// and every snapshot-controller image it names is of release, and the page
+// installs both the CRDs and the controller.
+func checkDocPins(r reporter, doc, release string) {
+	r.Helper()
+	refs := regexp.MustCompile(`github\.com/kubernetes-csi/external-snapshotter/([a-z/-]+)\?ref=([^'"\s]+)`).FindAllStringSubmatch(doc, -1)
+	installed := map[string]bool{}
+	for _, m := range refs {
+		installed[m[1]] = true
+		if m[2] != release {
+			r.Errorf("docs/deploy.md installs external-snapshotter %s at %s, want %s", m[1], m[2], release)
+		}
+	}
+	for _, dir := range []string{"client/config/crd", "deploy/kubernetes/snapshot-controller"} {
+		if !installed[dir] {
+			r.Errorf("docs/deploy.md does not install external-snapshotter's %s (?ref=%s)", dir, release)
+		}
+	}
+	for _, m := range regexp.MustCompile(`sig-storage/(snapshot-controller|csi-snapshotter):(v[0-9]+(?:\.[0-9]+)*)`).FindAllStringSubmatch(doc, -1) {
+		if m[2] != release {
+			r.Errorf("docs/deploy.md names %s:%s, want %s", m[1], m[2], release)
+		}
+	}
+}
+
+// TestDocPinsCatchBreakage: checkDocPins notices an install step of another
+// release, a missing one, and a controller image of another release.
+func TestDocPinsCatchBreakage(t *testing.T) {
+	const (
+		crd  = "kubectl apply -k 'https://github.com/kubernetes-csi/external-snapshotter/client/config/crd?ref=v8.7.0'\n"
+		ctrl = "kubectl apply -k 'https://github.com/kubernetes-csi/external-snapshotter/deploy/kubernetes/snapshot-controller?ref=v8.7.0'\n"
+		img  = "kubectl set image deployment/snapshot-controller snapshot-controller=registry.k8s.io/sig-storage/snapshot-controller:v8.7.0\n"
+	)
+	var ok collector
+	checkDocPins(&ok, crd+ctrl+img, "v8.7.0")
+	if len(ok.errs) != 0 {
+		t.Fatalf("a consistent page reported: %q", ok.errs)
+	}
+	for _, tc := range []struct{ name, doc, wantError string }{
+		{"CRDs of another release", strings.Replace(crd, "v8.7.0", "v8.6.0", 1) + ctrl + img, "installs external-snapshotter client/config/crd at v8.6.0, want v8.7.0"},
+		{"no controller", crd + img, "does not install external-snapshotter's deploy/kubernetes/snapshot-controller"},
+		{"controller image of another release", crd + ctrl + strings.Replace(img, "v8.7.0", "v8.6.0", 1), "names snapshot-controller:v8.6.0, want v8.7.0"},
+	} {
+		var c collector
+		checkDocPins(&c, tc.doc, "v8.7.0")
+		if !slices.ContainsFunc(c.errs, func(e string) bool { return strings.Contains(e, tc.wantError) }) {
+			t.Errorf("%s: not caught: want an error containing %q, got %q", tc.name, tc.wantError, c.errs)
+		}
+	}
+}
+
+// moduleVersion is the version go.mod requires of module.
+func moduleVersion(t *testing.T, module string) string {
+	t.Helper()
+	const gomod = "../../go.mod"
+	raw, err := os.ReadFile(gomod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := modfile.ParseLax(gomod, raw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range f.Require {
+		if req.Mod.Path == module {
+			return req.Mod.Version
+		}
+	}
+	t.Fatalf("%s does not require %s", gomod, module)
+	return ""
 }
 
 // collector records what the checks report, for tests that break a
