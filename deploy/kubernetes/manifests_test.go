@@ -2,9 +2,11 @@
 // overlay for a single-node cluster on the local backend, a component for
 // the controller's state on a PVC, and examples). Its test renders them the
 // way `kubectl apply -k` does, decodes every object strictly into the
-// Kubernetes API types, and checks what no schema can: that csid and its
-// sidecars meet on the same socket, that kubelet is told where that socket
-// is on the host, that names, ports, users and flags agree across objects.
+// Kubernetes API types (and the snapshot kinds into external-snapshotter's
+// types of the release the docs install), and checks what no schema can:
+// that csid and its sidecars meet on the same socket, that kubelet is told
+// where that socket is on the host, that names, ports, users and flags agree
+// across objects.
 package kubernetes
 
 import (
@@ -17,6 +19,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,12 +28,15 @@ import (
 
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/driver"
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	"golang.org/x/mod/modfile"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -56,6 +62,19 @@ const (
 	resizerImage     = sigStorage + "csi-resizer"
 	registrarImage   = sigStorage + "csi-node-driver-registrar"
 	livenessImage    = sigStorage + "livenessprobe"
+	snapshotterImage = sigStorage + "csi-snapshotter"
+)
+
+const (
+	// snapshotGroup is the API group of VolumeSnapshots and their classes.
+	snapshotGroup = "snapshot.storage.k8s.io"
+	// groupSnapshotGate is csi-snapshotter's feature gate for
+	// VolumeGroupSnapshots, on by default since v8.6.
+	groupSnapshotGate = "CSIVolumeGroupSnapshot"
+	// snapshotClientModule holds the snapshot API types this test decodes
+	// with; its version is the external-snapshotter release the manifests
+	// and docs/deploy.md pin.
+	snapshotClientModule = "github.com/kubernetes-csi/external-snapshotter/client/v8"
 )
 
 // reporter is what the checks report to: *testing.T, or a collector when a
@@ -82,11 +101,14 @@ type bundle struct {
 	deployments         []*appsv1.Deployment
 	pods                []*corev1.Pod
 	claims              []*corev1.PersistentVolumeClaim
+	snapshotClasses     []*snapshotv1.VolumeSnapshotClass
+	snapshots           []*snapshotv1.VolumeSnapshot
 }
 
 // decode strictly decodes one object (YAML or JSON) into its API type and
-// files it in b. Unknown fields, duplicate fields and kinds the test has no
-// type for are errors.
+// files it in b, as the API server does: field names are case-sensitive, and
+// unknown fields, duplicate fields and kinds the test has no type for are
+// errors.
 func (b *bundle) decode(doc []byte) error {
 	var meta struct {
 		APIVersion string `json:"apiVersion"`
@@ -96,7 +118,14 @@ func (b *bundle) decode(doc []byte) error {
 		return err
 	}
 	into := func(obj any, add func()) error {
-		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+		// sigs.k8s.io/yaml's own strict decoding matches field names as
+		// encoding/json does, ignoring case: "mountpropagation" would pass.
+		js, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
+		}
+		strict, err := kjson.UnmarshalStrict(js, obj)
+		if err = errors.Join(append([]error{err}, strict...)...); err != nil {
 			return fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
 		}
 		add()
@@ -142,6 +171,12 @@ func (b *bundle) decode(doc []byte) error {
 	case "apps/v1 Deployment":
 		o := new(appsv1.Deployment)
 		return into(o, func() { b.deployments = append(b.deployments, o) })
+	case snapshotGroup + "/v1 VolumeSnapshotClass":
+		o := new(snapshotv1.VolumeSnapshotClass)
+		return into(o, func() { b.snapshotClasses = append(b.snapshotClasses, o) })
+	case snapshotGroup + "/v1 VolumeSnapshot":
+		o := new(snapshotv1.VolumeSnapshot)
+		return into(o, func() { b.snapshots = append(b.snapshots, o) })
 	}
 	return fmt.Errorf("%s %s: the test has no type for this kind; add one to bundle.decode", meta.APIVersion, meta.Kind)
 }
@@ -224,6 +259,7 @@ func checkAll(r reporter, b *bundle) {
 	checkStorageClass(r, b, driver)
 	ctrl := onlyStatefulSet(r, b, controllerName)
 	node := onlyDaemonSet(r, b, nodeName)
+	checkSnapshotClass(r, b, driver, ctrl)
 	if ctrl == nil || node == nil {
 		return
 	}
@@ -318,6 +354,31 @@ func checkStorageClass(r reporter, b *bundle, driver *storagev1.CSIDriver) {
 	}
 	if sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer {
 		r.Errorf("%s: StorageClass %s must bind WaitForFirstConsumer (disks are zonal, and local disks are on one machine)", b.name, sc.Name)
+	}
+}
+
+// checkSnapshotClass: beside csid's StorageClass, one VolumeSnapshotClass of
+// the same driver that deletes a snapshot with its VolumeSnapshot, and a
+// csi-snapshotter in the controller to serve it (a class nothing serves
+// leaves every VolumeSnapshot of it pending).
+func checkSnapshotClass(r reporter, b *bundle, driver *storagev1.CSIDriver, ctrl *appsv1.StatefulSet) {
+	r.Helper()
+	if len(b.storageClasses) == 0 && len(b.snapshotClasses) == 0 {
+		return
+	}
+	if len(b.snapshotClasses) != 1 {
+		r.Errorf("%s: want one VolumeSnapshotClass beside the StorageClass, have %d", b.name, len(b.snapshotClasses))
+		return
+	}
+	c := b.snapshotClasses[0]
+	if driver != nil && c.Driver != driver.Name {
+		r.Errorf("%s: VolumeSnapshotClass %s driver %q, want the CSIDriver's name %q", b.name, c.Name, c.Driver, driver.Name)
+	}
+	if c.DeletionPolicy != snapshotv1.VolumeSnapshotContentDelete {
+		r.Errorf("%s: VolumeSnapshotClass %s deletionPolicy %q, want Delete (as the StorageClass's reclaimPolicy)", b.name, c.Name, c.DeletionPolicy)
+	}
+	if ctrl != nil && len(byImage(&ctrl.Spec.Template.Spec, snapshotterImage)) == 0 {
+		r.Errorf("%s: VolumeSnapshotClass %s, but the controller runs no csi-snapshotter: no snapshot of it would ever be taken", b.name, c.Name)
 	}
 }
 
@@ -729,7 +790,7 @@ func checkController(r reporter, b *bundle, s *appsv1.StatefulSet, driver *stora
 	if !ok {
 		return
 	}
-	vol, _ := checkSocket(r, at, spec, csid, f, []string{provisionerImage, attacherImage, resizerImage, livenessImage})
+	vol, _ := checkSocket(r, at, spec, csid, f, []string{provisionerImage, attacherImage, resizerImage, snapshotterImage, livenessImage})
 	if vol != nil && vol.EmptyDir == nil {
 		r.Errorf("%s: the controller's socket volume %q should be an emptyDir (nothing outside the pod dials it)", at, vol.Name)
 	}
@@ -758,7 +819,7 @@ func checkController(r reporter, b *bundle, s *appsv1.StatefulSet, driver *stora
 		}
 	}
 	// Leader election and the sidecars' liveness on it.
-	for _, repo := range []string{provisionerImage, attacherImage, resizerImage} {
+	for _, repo := range []string{provisionerImage, attacherImage, resizerImage, snapshotterImage} {
 		for _, c := range byImage(spec, repo) {
 			le := parseFlags(c.Args).values["leader-election"]
 			if len(le) == 1 && le[0] == "true" && (c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil ||
@@ -969,6 +1030,9 @@ var required = map[string][]permission{
 		{"", "persistentvolumeclaims", "update"}, {"storage.k8s.io", "storageclasses", "watch"},
 		{"storage.k8s.io", "csinodes", "watch"}, {"", "nodes", "watch"}, {"storage.k8s.io", "volumeattachments", "watch"},
 		{"", "events", "create"},
+		// A claim restored from a snapshot: the provisioner reads the
+		// VolumeSnapshot and its content for the snapshot's handle.
+		{snapshotGroup, "volumesnapshots", "get"}, {snapshotGroup, "volumesnapshotcontents", "get"},
 	},
 	attacherImage: {
 		{"", "persistentvolumes", "patch"}, {"storage.k8s.io", "csinodes", "watch"},
@@ -978,6 +1042,37 @@ var required = map[string][]permission{
 		{"", "persistentvolumes", "patch"}, {"", "persistentvolumeclaims", "watch"},
 		{"", "persistentvolumeclaims/status", "patch"}, {"", "events", "create"},
 	},
+	snapshotterImage: {
+		{snapshotGroup, "volumesnapshotclasses", "watch"}, {snapshotGroup, "volumesnapshotclasses", "get"},
+		{snapshotGroup, "volumesnapshotcontents", "watch"}, {snapshotGroup, "volumesnapshotcontents", "update"},
+		{snapshotGroup, "volumesnapshotcontents", "patch"}, {snapshotGroup, "volumesnapshotcontents/status", "update"},
+		{snapshotGroup, "volumesnapshotcontents/status", "patch"}, {"", "events", "create"}, {"", "events", "patch"},
+	},
+}
+
+// groupSnapshotPerms is what csi-snapshotter needs on top when its
+// VolumeGroupSnapshot gate is on: it then watches the group kinds and waits
+// for those watches before it handles any snapshot, so without these rules
+// it handles none.
+var groupSnapshotPerms = []permission{
+	{"groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "watch"},
+	{"groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "watch"},
+	{"groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "patch"},
+	{"groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status", "patch"},
+}
+
+// groupSnapshotsOn tells whether csi-snapshotter's VolumeGroupSnapshot gate
+// is on: unless --feature-gates turns it off, it is.
+func groupSnapshotsOn(f flags) bool {
+	on := true
+	for _, v := range f.values["feature-gates"] {
+		for _, kv := range strings.Split(v, ",") {
+			if name, val, ok := strings.Cut(strings.TrimSpace(kv), "="); ok && name == groupSnapshotGate {
+				on = val != "false"
+			}
+		}
+	}
+	return on
 }
 
 var leaseVerbs = []string{"get", "create", "update"}
@@ -1058,12 +1153,16 @@ func checkRBAC(r reporter, b *bundle, ctrl, node *corev1.PodSpec) {
 		if len(cs) != 1 {
 			continue // reported by checkSocket
 		}
+		sf := parseFlags(cs[0].Args)
+		if repo == snapshotterImage && groupSnapshotsOn(sf) {
+			perms = append(slices.Clip(perms), groupSnapshotPerms...)
+		}
 		for _, p := range perms {
 			if !allows(cluster, p) {
 				r.Errorf("%s: %s (ServiceAccount %s) may not %s %s", at, cs[0].Name, ctrl.ServiceAccountName, p.verb, groupResource(p))
 			}
 		}
-		le := parseFlags(cs[0].Args).values["leader-election"]
+		le := sf.values["leader-election"]
 		if len(le) == 1 && le[0] == "true" {
 			electing = true
 		}
@@ -1237,19 +1336,24 @@ func checkStateOnClaim(r reporter, b *bundle) {
 	}
 }
 
-// checkExamples: the example claim uses csid's class, and the workloads are
-// as pinned and bounded as the driver.
-func checkExamples(r reporter, ex *bundle, classes []*storagev1.StorageClass) {
+// checkExamples: the example claims use csid's class, the snapshots csid's
+// VolumeSnapshotClass, every data source is an example object a copy may be
+// made from, and the workloads are as pinned and bounded as the driver.
+func checkExamples(r reporter, ex *bundle, base *bundle) {
 	r.Helper()
 	if len(ex.claims) == 0 {
 		r.Errorf("%s: no example PersistentVolumeClaim", ex.name)
 	}
-	claimNames := map[string]bool{}
+	claims := map[string]*corev1.PersistentVolumeClaim{}
 	for _, c := range ex.claims {
-		claimNames[c.Name] = true
-		if c.Spec.StorageClassName == nil || !slices.ContainsFunc(classes, func(sc *storagev1.StorageClass) bool { return sc.Name == *c.Spec.StorageClassName }) {
+		claims[c.Namespace+"/"+c.Name] = c
+		if c.Spec.StorageClassName == nil || !slices.ContainsFunc(base.storageClasses, func(sc *storagev1.StorageClass) bool { return sc.Name == *c.Spec.StorageClassName }) {
 			r.Errorf("%s: claim %s does not use csid's StorageClass", ex.name, c.Name)
 		}
+	}
+	snapshots := checkExampleSnapshots(r, ex, base, claims)
+	for _, c := range ex.claims {
+		checkDataSource(r, ex.name, c, claims, snapshots)
 	}
 	specs := map[string]*corev1.PodSpec{}
 	for _, p := range ex.pods {
@@ -1264,12 +1368,89 @@ func checkExamples(r reporter, ex *bundle, classes []*storagev1.StorageClass) {
 	for what, spec := range specs {
 		checkPodSpec(r, ex.name+": "+what, spec, nil)
 		uses := slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool {
-			return v.PersistentVolumeClaim != nil && claimNames[v.PersistentVolumeClaim.ClaimName]
+			return v.PersistentVolumeClaim != nil && slices.ContainsFunc(ex.claims, func(c *corev1.PersistentVolumeClaim) bool {
+				return c.Name == v.PersistentVolumeClaim.ClaimName
+			})
 		})
 		if !uses {
 			r.Errorf("%s: %s uses none of the example claims", ex.name, what)
 		}
 	}
+}
+
+// checkExampleSnapshots checks the example VolumeSnapshots (one at least:
+// docs/deploy.md walks through one) and returns them by namespace/name with
+// the claim each is taken of.
+func checkExampleSnapshots(r reporter, ex, base *bundle, claims map[string]*corev1.PersistentVolumeClaim) map[string]*corev1.PersistentVolumeClaim {
+	r.Helper()
+	if len(ex.snapshots) == 0 {
+		r.Errorf("%s: no example VolumeSnapshot", ex.name)
+	}
+	out := map[string]*corev1.PersistentVolumeClaim{}
+	for _, vs := range ex.snapshots {
+		at := ex.name + ": VolumeSnapshot " + vs.Name
+		if name := vs.Spec.VolumeSnapshotClassName; name != nil && !slices.ContainsFunc(base.snapshotClasses, func(c *snapshotv1.VolumeSnapshotClass) bool { return c.Name == *name }) {
+			r.Errorf("%s: class %q is not csid's VolumeSnapshotClass", at, *name)
+		} else if name == nil && !slices.ContainsFunc(base.snapshotClasses, func(c *snapshotv1.VolumeSnapshotClass) bool {
+			return c.Annotations["snapshot.storage.k8s.io/is-default-class"] == "true"
+		}) {
+			r.Errorf("%s: names no class, and csid's VolumeSnapshotClass is not the default", at)
+		}
+		src := vs.Spec.Source.PersistentVolumeClaimName
+		if src == nil || vs.Spec.Source.VolumeSnapshotContentName != nil {
+			r.Errorf("%s: want a snapshot of an example claim (source.persistentVolumeClaimName)", at)
+			continue
+		}
+		c := claims[vs.Namespace+"/"+*src]
+		if c == nil {
+			r.Errorf("%s: source claim %s/%s is not an example claim", at, vs.Namespace, *src)
+			continue
+		}
+		out[vs.Namespace+"/"+vs.Name] = c
+	}
+	return out
+}
+
+// checkDataSource: a claim made from a snapshot names an example
+// VolumeSnapshot, a clone an example claim of its own class, and either asks
+// for at least its source's size (a volume cannot be restored smaller).
+func checkDataSource(r reporter, where string, c *corev1.PersistentVolumeClaim, claims, snapshots map[string]*corev1.PersistentVolumeClaim) {
+	r.Helper()
+	ds := c.Spec.DataSource
+	if ds == nil {
+		return
+	}
+	at := where + ": claim " + c.Name
+	var src *corev1.PersistentVolumeClaim
+	switch group := ptrValue(ds.APIGroup); {
+	case group == snapshotGroup && ds.Kind == "VolumeSnapshot":
+		if src = snapshots[c.Namespace+"/"+ds.Name]; src == nil {
+			r.Errorf("%s: data source VolumeSnapshot %s/%s is not an example snapshot", at, c.Namespace, ds.Name)
+			return
+		}
+	case group == "" && ds.Kind == "PersistentVolumeClaim":
+		if src = claims[c.Namespace+"/"+ds.Name]; src == nil || src == c {
+			r.Errorf("%s: data source claim %s/%s is not another example claim", at, c.Namespace, ds.Name)
+			return
+		}
+		if ptrValue(src.Spec.StorageClassName) != ptrValue(c.Spec.StorageClassName) {
+			r.Errorf("%s: a clone must be of its source's class %q, not %q", at, ptrValue(src.Spec.StorageClassName), ptrValue(c.Spec.StorageClassName))
+		}
+	default:
+		r.Errorf("%s: data source %s %s: csid restores from a VolumeSnapshot or clones a claim", at, ds.Kind, ds.Name)
+		return
+	}
+	want, got := src.Spec.Resources.Requests[corev1.ResourceStorage], c.Spec.Resources.Requests[corev1.ResourceStorage]
+	if got.Cmp(want) < 0 {
+		r.Errorf("%s: asks for %s, less than its source %s (%s)", at, got.String(), src.Name, want.String())
+	}
+}
+
+func ptrValue(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // --- the tests --------------------------------------------------------------
@@ -1332,7 +1513,7 @@ func checkTree(r reporter, t tree, scratch string) {
 	if err != nil {
 		r.Errorf("%v", err)
 	} else if base != nil {
-		checkExamples(r, ex, base.storageClasses)
+		checkExamples(r, ex, base)
 	}
 }
 
@@ -1342,6 +1523,106 @@ func TestManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkTree(t, tree(here), t.TempDir())
+}
+
+// TestSnapshotterRelease: csi-snapshotter, the snapshot CRDs and
+// snapshot-controller that docs/deploy.md installs, and the snapshot API
+// types this test decodes with are one external-snapshotter release: the
+// version go.mod requires of snapshotClientModule.
+func TestSnapshotterRelease(t *testing.T) {
+	release := moduleVersion(t, snapshotClientModule)
+	base, err := render("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl := onlyStatefulSet(t, base, controllerName)
+	if ctrl == nil {
+		return
+	}
+	cs := byImage(&ctrl.Spec.Template.Spec, snapshotterImage)
+	if len(cs) != 1 {
+		t.Fatalf("want one %s container, have %d", snapshotterImage, len(cs))
+	}
+	if tag := strings.TrimPrefix(cs[0].Image, snapshotterImage+":"); tag != release {
+		t.Errorf("csi-snapshotter %s, but the snapshot API types are of %s %s: bump them together", tag, snapshotClientModule, release)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "deploy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDocPins(t, string(doc), release)
+}
+
+// checkDocPins: every external-snapshotter kustomization the page installs
+// and every snapshot-controller image it names is of release, and the page
+// installs both the CRDs and the controller.
+func checkDocPins(r reporter, doc, release string) {
+	r.Helper()
+	refs := regexp.MustCompile(`github\.com/kubernetes-csi/external-snapshotter/([a-z/-]+)\?ref=([^'"\s]+)`).FindAllStringSubmatch(doc, -1)
+	installed := map[string]bool{}
+	for _, m := range refs {
+		installed[m[1]] = true
+		if m[2] != release {
+			r.Errorf("docs/deploy.md installs external-snapshotter %s at %s, want %s", m[1], m[2], release)
+		}
+	}
+	for _, dir := range []string{"client/config/crd", "deploy/kubernetes/snapshot-controller"} {
+		if !installed[dir] {
+			r.Errorf("docs/deploy.md does not install external-snapshotter's %s (?ref=%s)", dir, release)
+		}
+	}
+	for _, m := range regexp.MustCompile(`sig-storage/(snapshot-controller|csi-snapshotter):(v[0-9]+(?:\.[0-9]+)*)`).FindAllStringSubmatch(doc, -1) {
+		if m[2] != release {
+			r.Errorf("docs/deploy.md names %s:%s, want %s", m[1], m[2], release)
+		}
+	}
+}
+
+// TestDocPinsCatchBreakage: checkDocPins notices an install step of another
+// release, a missing one, and a controller image of another release.
+func TestDocPinsCatchBreakage(t *testing.T) {
+	const (
+		crd  = "kubectl apply -k 'https://github.com/kubernetes-csi/external-snapshotter/client/config/crd?ref=v8.7.0'\n"
+		ctrl = "kubectl apply -k 'https://github.com/kubernetes-csi/external-snapshotter/deploy/kubernetes/snapshot-controller?ref=v8.7.0'\n"
+		img  = "kubectl set image deployment/snapshot-controller snapshot-controller=registry.k8s.io/sig-storage/snapshot-controller:v8.7.0\n"
+	)
+	var ok collector
+	checkDocPins(&ok, crd+ctrl+img, "v8.7.0")
+	if len(ok.errs) != 0 {
+		t.Fatalf("a consistent page reported: %q", ok.errs)
+	}
+	for _, tc := range []struct{ name, doc, wantError string }{
+		{"CRDs of another release", strings.Replace(crd, "v8.7.0", "v8.6.0", 1) + ctrl + img, "installs external-snapshotter client/config/crd at v8.6.0, want v8.7.0"},
+		{"no controller", crd + img, "does not install external-snapshotter's deploy/kubernetes/snapshot-controller"},
+		{"controller image of another release", crd + ctrl + strings.Replace(img, "v8.7.0", "v8.6.0", 1), "names snapshot-controller:v8.6.0, want v8.7.0"},
+	} {
+		var c collector
+		checkDocPins(&c, tc.doc, "v8.7.0")
+		if !slices.ContainsFunc(c.errs, func(e string) bool { return strings.Contains(e, tc.wantError) }) {
+			t.Errorf("%s: not caught: want an error containing %q, got %q", tc.name, tc.wantError, c.errs)
+		}
+	}
+}
+
+// moduleVersion is the version go.mod requires of module.
+func moduleVersion(t *testing.T, module string) string {
+	t.Helper()
+	const gomod = "../../go.mod"
+	raw, err := os.ReadFile(gomod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := modfile.ParseLax(gomod, raw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range f.Require {
+		if req.Mod.Path == module {
+			return req.Mod.Version
+		}
+	}
+	t.Fatalf("%s does not require %s", gomod, module)
+	return ""
 }
 
 // collector records what the checks report, for tests that break a
@@ -1405,7 +1686,12 @@ func TestManifestsCatchBreakage(t *testing.T) {
 		{
 			name:      "a misspelt field",
 			edits:     []edit{{"base/node.yaml", "mountPropagation: Bidirectional", "mountPropogation: Bidirectional"}},
-			wantError: `apps/v1 DaemonSet: error unmarshaling JSON: while decoding JSON: json: unknown field "mountPropogation"`,
+			wantError: `apps/v1 DaemonSet: unknown field "spec.template.spec.containers[0].volumeMounts[1].mountPropogation"`,
+		},
+		{
+			name:      "a field in the wrong case",
+			edits:     []edit{{"base/node.yaml", "mountPropagation: Bidirectional", "mountpropagation: Bidirectional"}},
+			wantError: `apps/v1 DaemonSet: unknown field "spec.template.spec.containers[0].volumeMounts[1].mountpropagation"`,
 		},
 		{
 			name:      "node plugin not privileged",
@@ -1459,6 +1745,86 @@ func TestManifestsCatchBreakage(t *testing.T) {
 			name:      "controller state on csid's own class",
 			edits:     []edit{{"components/controller-state-pvc/statefulset-pvc.yaml", "        accessModes: [\"ReadWriteOnce\"]\n", "        accessModes: [\"ReadWriteOnce\"]\n        storageClassName: csid\n"}},
 			wantError: "must not be on csid's own class",
+		},
+		{
+			name:      "snapshot class of another driver",
+			edits:     []edit{{"base/volumesnapshotclass.yaml", "driver: csid.csi.dev", "driver: csid.example.com"}},
+			wantError: `VolumeSnapshotClass csid driver "csid.example.com", want the CSIDriver's name "csid.csi.dev"`,
+		},
+		{
+			name:      "snapshot class that retains",
+			edits:     []edit{{"base/volumesnapshotclass.yaml", "deletionPolicy: Delete", "deletionPolicy: Retain"}},
+			wantError: `VolumeSnapshotClass csid deletionPolicy "Retain", want Delete`,
+		},
+		{
+			name:      "snapshot class missing",
+			edits:     []edit{{"base/kustomization.yaml", "  - volumesnapshotclass.yaml\n", ""}},
+			wantError: "want one VolumeSnapshotClass beside the StorageClass, have 0",
+		},
+		{
+			name:      "a misspelt snapshot class field",
+			edits:     []edit{{"base/volumesnapshotclass.yaml", "deletionPolicy: Delete", "deletionpolicy: Delete"}},
+			wantError: `snapshot.storage.k8s.io/v1 VolumeSnapshotClass: unknown field "deletionpolicy"`,
+		},
+		{
+			name:      "snapshotter dials another socket",
+			edits:     []edit{{"base/controller.yaml", "- --csi-address=/csi/csi.sock\n            - --leader-election\n            # csid has no group", "- --csi-address=/run/csi.sock\n            - --leader-election\n            # csid has no group"}},
+			wantError: "csi-snapshotter --csi-address=/run/csi.sock, but csid listens on /csi/csi.sock",
+		},
+		{
+			name:      "snapshotter not pinned",
+			edits:     []edit{{"base/controller.yaml", "csi-snapshotter:v8.7.0", "csi-snapshotter:latest"}},
+			wantError: `image "registry.k8s.io/sig-storage/csi-snapshotter:latest" is not pinned`,
+		},
+		{
+			name:      "snapshotter missing",
+			edits:     []edit{{"base/controller.yaml", "image: registry.k8s.io/sig-storage/csi-snapshotter:v8.7.0", "image: registry.k8s.io/sig-storage/csi-attacher:v4.13.0"}},
+			wantError: "the controller runs no csi-snapshotter",
+		},
+		{
+			name:      "snapshotter cannot update snapshot status",
+			edits:     []edit{{"base/rbac-controller.yaml", `resources: ["volumesnapshotcontents/status"]`, `resources: ["volumesnapshots/status"]`}},
+			wantError: "csi-snapshotter (ServiceAccount csid-controller) may not patch volumesnapshotcontents/status.snapshot.storage.k8s.io",
+		},
+		{
+			name:      "snapshotter with group snapshots and no rules for them",
+			edits:     []edit{{"base/controller.yaml", "            - --feature-gates=CSIVolumeGroupSnapshot=false\n", ""}},
+			wantError: "csi-snapshotter (ServiceAccount csid-controller) may not watch volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io",
+		},
+		{
+			name:      "provisioner cannot read snapshots",
+			edits:     []edit{{"base/rbac-controller.yaml", `resources: ["volumesnapshots"]`, `resources: ["volumesnapshotlocations"]`}},
+			wantError: "csi-provisioner (ServiceAccount csid-controller) may not get volumesnapshots.snapshot.storage.k8s.io",
+		},
+		{
+			name:      "snapshotter elects a leader without a probe",
+			edits:     []edit{{"base/controller.yaml", "              path: /healthz/leader-election\n              port: snap-http\n", "              path: /healthz\n              port: snap-http\n"}},
+			wantError: "csi-snapshotter elects a leader but has no liveness probe on /healthz/leader-election",
+		},
+		{
+			name:      "restore from a snapshot that is not there",
+			edits:     []edit{{"examples/copies.yaml", "    kind: VolumeSnapshot\n    name: csid-demo-snap\n", "    kind: VolumeSnapshot\n    name: csid-demo-snapshot\n"}},
+			wantError: "data source VolumeSnapshot default/csid-demo-snapshot is not an example snapshot",
+		},
+		{
+			name:      "restore smaller than its snapshot",
+			edits:     []edit{{"examples/copies.yaml", "      storage: 1Gi\n  dataSource:\n    apiGroup", "      storage: 512Mi\n  dataSource:\n    apiGroup"}},
+			wantError: "claim csid-demo-restore: asks for 512Mi, less than its source csid-demo (1Gi)",
+		},
+		{
+			name:      "clone of another class",
+			edits:     []edit{{"examples/copies.yaml", "  storageClassName: csid\n  accessModes: [\"ReadWriteOnce\"]\n  resources:\n    requests:\n      storage: 1Gi\n  dataSource:\n    kind: PersistentVolumeClaim", "  storageClassName: other\n  accessModes: [\"ReadWriteOnce\"]\n  resources:\n    requests:\n      storage: 1Gi\n  dataSource:\n    kind: PersistentVolumeClaim"}},
+			wantError: `claim csid-demo-clone: a clone must be of its source's class "csid", not "other"`,
+		},
+		{
+			name:      "snapshot of a claim that is not there",
+			edits:     []edit{{"examples/snapshot.yaml", "persistentVolumeClaimName: csid-demo", "persistentVolumeClaimName: csid-gone"}},
+			wantError: "source claim default/csid-gone is not an example claim",
+		},
+		{
+			name:      "snapshot of another class",
+			edits:     []edit{{"examples/snapshot.yaml", "volumeSnapshotClassName: csid", "volumeSnapshotClassName: other"}},
+			wantError: `VolumeSnapshot csid-demo-snap: class "other" is not csid's VolumeSnapshotClass`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
