@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -347,8 +348,8 @@ func TestFreezeIsUndoneOnEveryError(t *testing.T) {
 				if !isFrozen(t, mnt) {
 					t.Errorf("at %s, %s is not frozen", point, mnt)
 				}
-				if _, err := os.Stat(c.s.frozenPath(diskID(d.ID))); err != nil {
-					t.Errorf("frozen without a record: %v", err)
+				if got := freezes(t, dir); len(got) != 1 || got[0].DiskID != d.ID || !slices.Equal(got[0].MountPoints, []string{mnt}) {
+					t.Errorf("frozen, the inspector shows the freezes %+v; want one of %s at %s", got, d.ID, mnt)
 				}
 				if fault == "panic" {
 					panic("injected")
@@ -381,17 +382,37 @@ func TestFreezeIsUndoneOnEveryError(t *testing.T) {
 			if isFrozen(t, mnt) {
 				t.Fatalf("%s is frozen after the failed snapshot", mnt)
 			}
-			if _, err := os.Stat(c.s.frozenPath(diskID(d.ID))); !errors.Is(err, os.ErrNotExist) {
-				t.Fatalf("freeze record after the failed snapshot: %v", err)
+			if got := freezes(t, dir); len(got) != 0 {
+				t.Fatalf("freeze records after the failed snapshot: %+v", got)
 			}
 			writable(t, mnt)
 			if page, err := c.ListSnapshots(context.Background(), cloud.SnapshotListOptions{}); err != nil || len(page.Snapshots) != 0 {
 				t.Fatalf("the failed snapshot left %+v, %v", page, err)
 			}
 			// The disk can be snapshotted now.
-			takeSnapshot(t, c, "snap-1", d.ID)
+			snap := takeSnapshot(t, c, "snap-1", d.ID)
+			in, err := OpenInspector(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := in.Snapshots(context.Background()); err != nil || len(got) != 1 || got[0].ID != snap.ID {
+				t.Fatalf("the inspector shows the snapshots %+v, %v; want %s", got, err, snap.ID)
+			}
 		})
 	}
+}
+
+func freezes(t *testing.T, dir string) []Freeze {
+	t.Helper()
+	in, err := OpenInspector(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := in.Freezes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 // A disk in use through its loop device with no filesystem mounted where
