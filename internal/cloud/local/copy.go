@@ -217,6 +217,10 @@ func copyRange(ctx context.Context, dst, src *os.File, off, n int64) error {
 		case k == 0:
 			return fmt.Errorf("copy %s: %w at %d", src.Name(), io.ErrUnexpectedEOF, off)
 		}
+		// Start writing the copied bytes out now, so that the device
+		// writes while the next ones are copied and the final fsync
+		// waits for less.
+		_ = unix.SyncFileRange(int(dst.Fd()), off, int64(k), unix.SYNC_FILE_RANGE_WRITE)
 		off, n = off+int64(k), n-int64(k)
 	}
 	return nil
