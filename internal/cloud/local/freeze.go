@@ -135,8 +135,13 @@ func (c *Cloud) whileFrozen(id diskID, mounts []frozenMount, point string, fn fu
 		}
 		if err := unix.IoctlSetInt(int(f.Fd()), ioctlFIFREEZE, 0); err != nil {
 			f.Close()
-			if errors.Is(err, unix.EBUSY) {
+			switch {
+			case errors.Is(err, unix.EBUSY):
 				return fmt.Errorf("the filesystem of disk %s at %s is frozen by someone else: %w", id, m.Path, cloud.ErrTransient)
+			case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP):
+				// Retrying will not help: csid lacks CAP_SYS_ADMIN, or the
+				// filesystem cannot be frozen.
+				return fmt.Errorf("freeze the filesystem of disk %s at %s: %v: %w", id, m.Path, err, cloud.ErrNotSupported)
 			}
 			return fmt.Errorf("freeze the filesystem of disk %s at %s: %w", id, m.Path, err)
 		}
