@@ -164,6 +164,11 @@ func (c *Cloud) snapshotLocked(ctx context.Context, hash string, id snapID, src 
 	if err := linkFile(image, c.s.snapImagePath(id)); err != nil {
 		return fail("name the snapshot's image", err)
 	}
+	// From here the image is this snapshot's alone: a failure removes it.
+	fail = func(what string, err error) (cloud.Operation, error) {
+		_ = os.Remove(c.s.snapImagePath(id))
+		return c.recordSnapshot(cloud.OpSnapshot, string(src), id, started, ioFailure(what, err))
+	}
 	if err := c.s.syncEarlier(c.s.snapshots()); err != nil {
 		return fail("name the snapshot's image", err)
 	}
