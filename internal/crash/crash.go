@@ -73,6 +73,7 @@ const (
 	LocalSnapshotDeleted  = "local.snapshot.deleted"
 	LocalCloneFrozen      = "local.clone.frozen"
 	LocalCloneCopying     = "local.clone.copying"
+	LocalCloneImage       = "local.clone.image"
 )
 
 // Points lists every crash point, with what a crash there means.

@@ -115,7 +115,7 @@ func (c *Cloud) cloneLocked(ctx context.Context, hash string, d cloud.Disk, star
 	if err := c.s.syncEarlier(c.s.disks); err != nil {
 		return fail("name the disk's image", err)
 	}
-	c.s.hit(crash.LocalCreateImage)
+	c.s.hit(crash.LocalCloneImage)
 	record, err := c.s.newRecord(d)
 	if err != nil {
 		return fail("write disk record", err)

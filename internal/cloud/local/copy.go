@@ -84,7 +84,9 @@ func (c *Cloud) planCopy(id diskID, size int64) (copyPlan, error) {
 // takes.
 func (c *Cloud) roomFor(path string, size int64) error {
 	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
+	if err := unix.Stat(path, &st); errors.Is(err, unix.ENOENT) {
+		return nil // a disk never attached: zeros, nothing to copy
+	} else if err != nil {
 		return ioFailure("stat image", err)
 	}
 	used := min(st.Blocks*512, size)
@@ -100,9 +102,14 @@ func (c *Cloud) roomFor(path string, size int64) error {
 
 // copyDisk copies the first n bytes of disk id's image, as plan says, into
 // a new unnamed file in dir of size bytes (zeros beyond n), fsynced; see
-// copyFile. The caller holds the disk's lock.
+// copyFile. A disk without an image (one never attached: its image is
+// made by its first attach) holds zeros: its copy is a file of holes. The
+// caller holds the disk's lock.
 func (c *Cloud) copyDisk(ctx context.Context, id diskID, n, size int64, plan copyPlan, dir string, points copyPoints) (*os.File, int64, error) {
 	src, err := os.OpenFile(c.s.imagePath(id), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return zeros(dir, size)
+	}
 	if err != nil {
 		return nil, 0, err
 	}
@@ -140,6 +147,24 @@ func (c *Cloud) copyFile(ctx context.Context, id diskID, src *os.File, n, size i
 	}
 	copied = true
 	return dst, min(st.Blocks*512, size), nil
+}
+
+// zeros makes a new unnamed file in dir of size bytes, all holes,
+// fsynced.
+func zeros(dir string, size int64) (*os.File, int64, error) {
+	f, err := openUnnamed(dir)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, 0, nil
 }
 
 // copyImage makes dst the first n bytes of src, then zeros to size bytes

@@ -199,23 +199,49 @@ func TestContract(t *testing.T) {
 }
 
 // writeImage writes data at off of a detached disk's image, as a node
-// writes through its loop device.
+// writes through its loop device; a disk without an image yet gets one of
+// its size, as its first attach would make it.
 func writeImage(t *testing.T, c *Cloud, id string, off int64, data []byte) {
 	t.Helper()
-	f, err := os.OpenFile(c.s.imagePath(diskID(id)), os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := openImage(t, c, id)
 	defer f.Close()
 	if _, err := f.WriteAt(data, off); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// readImage reads n bytes at off of a disk's image (zeros past its end).
+// openImage opens a disk's image for writing, making it (of the disk's
+// size) if the disk has none yet.
+func openImage(t testing.TB, c *Cloud, id string) *os.File {
+	t.Helper()
+	d, err := c.GetDisk(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(c.s.imagePath(diskID(id)), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := f.Stat(); err != nil || fi.Size() < d.SizeBytes {
+		if err == nil {
+			err = f.Truncate(d.SizeBytes)
+		}
+		if err != nil {
+			f.Close()
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// readImage reads n bytes at off of a disk's image (zeros past its end, or
+// without an image).
 func readImage(t *testing.T, c *Cloud, id string, off int64, n int) []byte {
 	t.Helper()
 	f, err := os.Open(c.s.imagePath(diskID(id)))
+	if errors.Is(err, os.ErrNotExist) {
+		return make([]byte, n)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func benchSnapshotVsCp(b *testing.B, base string) {
 		b.Fatal(err)
 	}
 	img := c.s.imagePath(diskID(op.DiskID))
-	fillImage(b, img)
+	fillImage(b, openImage(b, c, op.DiskID))
 	baselines := []struct {
 		name string
 		cmd  []string
@@ -118,13 +118,9 @@ func benchSnapshotVsCp(b *testing.B, base string) {
 	}
 }
 
-// fillImage writes 200 MiB of random bytes into the 1 GiB image at path:
-// 4 MiB every 20 MiB.
-func fillImage(b *testing.B, path string) {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
+// fillImage writes 200 MiB of random bytes into the 1 GiB image f: 4 MiB
+// every 20 MiB.
+func fillImage(b *testing.B, f *os.File) {
 	defer f.Close()
 	chunk := make([]byte, 4<<20)
 	for i := range int64(50) {
