@@ -61,6 +61,19 @@ const (
 	LocalDetachRecorded = "local.detach_recorded"
 	LocalResizeGrown    = "local.resize_grown"
 	LocalDeviceBound    = "local.device_bound"
+
+	// The local backend's snapshots and clones (issue 17): its own
+	// TestCrashPoints kills a child at each. They join Points, and so the
+	// drill's matrix, with the drill's snapshot and clone scenarios.
+	LocalSnapshotFrozen   = "local.snapshot.frozen"
+	LocalSnapshotCopying  = "local.snapshot.copying"
+	LocalSnapshotImage    = "local.snapshot.image"
+	LocalSnapshotNamed    = "local.snapshot.named"
+	LocalSnapshotRecorded = "local.snapshot.recorded"
+	LocalSnapshotDeleted  = "local.snapshot.deleted"
+	LocalCloneFrozen      = "local.clone.frozen"
+	LocalCloneCopying     = "local.clone.copying"
+	LocalCloneImage       = "local.clone.image"
 )
 
 // Points lists every crash point, with what a crash there means.

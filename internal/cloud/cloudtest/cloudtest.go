@@ -34,6 +34,12 @@ type Provider struct {
 	// HostNeedsRoot marks the Host cases root-only (they skip, or fail
 	// under CSID_REQUIRE_ROOT=1, without it).
 	HostNeedsRoot bool
+	// WriteDisk and ReadDisk reach a detached disk's content, as a node
+	// would through its device, for the cases of snapshots and clones to
+	// check what was copied. Nil: those cases check sizes and sources
+	// only.
+	WriteDisk func(t *testing.T, diskID string, off int64, data []byte)
+	ReadDisk  func(t *testing.T, diskID string, off int64, n int) []byte
 }
 
 const (
@@ -48,10 +54,7 @@ const timeout = 30 * time.Second
 // Run runs the contract against the providers newProvider makes, one fresh
 // provider per case.
 func Run(t *testing.T, newProvider func(t *testing.T) Provider) {
-	cases := []struct {
-		name string
-		fn   func(t *testing.T, h *harness)
-	}{
+	cases := []contractCase{
 		{"CreateIsIdempotentByName", testCreateIdempotent},
 		{"CreateSameNameOtherSizeIsAlreadyExists", testCreateAlreadyExists},
 		{"CreateRejectsBadSpecs", testCreateInvalid},
@@ -71,6 +74,7 @@ func Run(t *testing.T, newProvider func(t *testing.T) Provider) {
 		{"NodeRegistration", testNodes},
 		{"HostFindsAttachedDisks", testHost},
 	}
+	cases = append(cases, snapshotCases...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -79,6 +83,11 @@ func Run(t *testing.T, newProvider func(t *testing.T) Provider) {
 			tc.fn(t, h)
 		})
 	}
+}
+
+type contractCase struct {
+	name string
+	fn   func(t *testing.T, h *harness)
 }
 
 type harness struct {

@@ -27,6 +27,18 @@ func provider(latency time.Duration) func(t *testing.T) cloudtest.Provider {
 			Cloud:  c,
 			Reopen: func(*testing.T) cloud.Cloud { return c }, // the state is the provider's, not the client's
 			Host:   func(_ *testing.T, node string) cloud.Host { return c.Host(node) },
+			WriteDisk: func(t *testing.T, id string, off int64, data []byte) {
+				if err := c.WriteDisk(id, off, data); err != nil {
+					t.Fatal(err)
+				}
+			},
+			ReadDisk: func(t *testing.T, id string, off int64, n int) []byte {
+				b, err := c.ReadDisk(id, off, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b
+			},
 		}
 	}
 }

@@ -31,6 +31,9 @@ type crashCase struct {
 	call func(ctx context.Context, c *Cloud, disk string) (cloud.Operation, error)
 	// check verifies the state after the repeated call.
 	check func(t *testing.T, c *Cloud, disk string)
+	// afterKill, when set, looks at what the kill left, before the
+	// directory is opened again.
+	afterKill func(t *testing.T, disk string)
 }
 
 var crashCases = []crashCase{
@@ -62,6 +65,9 @@ func TestCrashPoints(t *testing.T) {
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 				t.Fatalf("the child did not die at %s: %v\n%s", tc.point, err, out)
+			}
+			if tc.afterKill != nil {
+				tc.afterKill(t, disk)
 			}
 
 			c = open(t, dir, Options{})

@@ -23,7 +23,7 @@ import (
 // so a crash can never leave a disk that a repeated call would not find. A
 // disk larger than the free space of the state directory is
 // ErrLimitReached (images are sparse, so disks created earlier may still
-// fill it later).
+// fill it later). A disk with a source is made by cloneLocked (clone.go).
 func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Operation, error) {
 	size, err := roundSize(spec.SizeBytes)
 	if err != nil {
@@ -48,7 +48,13 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 			if d.SizeBytes != size {
 				return fmt.Errorf("disk name %q is taken by %s (%d bytes): %w", spec.Name, d.ID, d.SizeBytes, cloud.ErrAlreadyExists)
 			}
+			if !sameSource(d.Source, spec.Source) {
+				return fmt.Errorf("disk name %q is taken by %s, made from %+v: %w", spec.Name, d.ID, d.Source, cloud.ErrAlreadyExists)
+			}
 			op, err = c.record(cloud.OpCreate, diskID(d.ID), "", started, &d, nil)
+			return err
+		}
+		if err := c.checkSource(spec.Source, size); err != nil {
 			return err
 		}
 		free, err := c.s.freeBytes()
@@ -58,11 +64,15 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 		if size > free {
 			return fmt.Errorf("%s has %d bytes free, the disk needs %d: %w", c.s.disks, free, size, cloud.ErrLimitReached)
 		}
-		d = cloud.Disk{ID: string(c.s.freshID()), Name: spec.Name, SizeBytes: size, Zone: zone, Tags: maps.Clone(spec.Tags), CreatedAt: started.UTC()}
+		d = cloud.Disk{ID: string(c.s.freshID()), Name: spec.Name, SizeBytes: size, Zone: zone, Tags: maps.Clone(spec.Tags), CreatedAt: started.UTC(), Source: cloneSource(spec.Source)}
 		// The new id's lock keeps Open's collection away from the image
 		// before the record is in place.
 		return c.locked(ctx, func() error {
-			op, err = c.createLocked(hash, d, started)
+			if d.Source != nil {
+				op, err = c.cloneLocked(ctx, hash, d, started) // clone.go
+			} else {
+				op, err = c.createLocked(hash, d, started)
+			}
 			return err
 		}, diskKey(diskID(d.ID)))
 	}, nameKey(hash))

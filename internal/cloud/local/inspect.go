@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
 )
@@ -93,4 +94,67 @@ func (i *Inspector) Nodes() ([]string, error) {
 		return nil, fmt.Errorf("local cloud %s: %w", i.c.s.dir, err)
 	}
 	return slices.Sorted(maps.Keys(nodes)), nil
+}
+
+// Snapshots returns every snapshot, in id order, as ListSnapshots reports
+// them.
+func (i *Inspector) Snapshots(ctx context.Context) ([]cloud.Snapshot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ids, err := i.c.s.snapshotIDs()
+	if err != nil {
+		return nil, fmt.Errorf("local cloud %s: %w", i.c.s.dir, err)
+	}
+	snaps := make([]cloud.Snapshot, 0, len(ids))
+	for _, id := range ids {
+		snap, err := i.c.s.readSnapshot(id)
+		if errors.Is(err, cloud.ErrNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("local cloud %s: %w", i.c.s.dir, err)
+		}
+		snaps = append(snaps, snap)
+	}
+	return snaps, nil
+}
+
+// Freeze is a filesystem freeze of a snapshot or a clone of a disk that
+// is in progress, or that a killed csid left (Open thaws those).
+type Freeze struct {
+	DiskID string
+	// MountPoints are where the frozen filesystems were mounted, as the
+	// freezing process saw them.
+	MountPoints []string
+	Since       time.Time
+}
+
+// Freezes lists the freeze records of the state directory: a filesystem
+// that may be frozen. A record that outlives the snapshot that wrote it is
+// a finding for csid check.
+func (i *Inspector) Freezes() ([]Freeze, error) {
+	ids, err := recordIDs(i.c.s.frozen(), parseDiskID)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("local cloud %s: %w", i.c.s.dir, err)
+	}
+	var out []Freeze
+	for _, id := range ids {
+		rec, ok, err := i.c.s.readFreeze(id)
+		if err != nil {
+			return nil, fmt.Errorf("local cloud %s: %w", i.c.s.dir, err)
+		}
+		if !ok {
+			continue
+		}
+		f := Freeze{DiskID: rec.DiskID, Since: rec.Since}
+		for _, m := range rec.Mounts {
+			f.MountPoints = append(f.MountPoints, m.Path)
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }

@@ -97,6 +97,8 @@ type Cloud struct {
 	s    *state
 	opts Options
 	ops  atomic.Int64 // operations recorded by this process, for pruning
+	// reflink: the state directory's file system clones files (copy.go).
+	reflink bool
 }
 
 var (
@@ -140,7 +142,15 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 		}
 	}
 	if err == nil {
-		err = s.collectGarbage()
+		err = c.openSnapshots()
+	}
+	if err == nil {
+		// First: an application may be waiting on a filesystem a killed
+		// snapshot left frozen.
+		err = c.thawAbandoned()
+	}
+	if err == nil {
+		err = errors.Join(s.collectGarbage(), s.collectSnapshots())
 		if err != nil {
 			err = fmt.Errorf("clean up after a crash: %w", err)
 		}
@@ -179,6 +189,12 @@ func (c *Cloud) locked(ctx context.Context, fn func() error, keys ...string) err
 // WaitOperation; the call that started it still succeeds.
 func (c *Cloud) record(kind cloud.OpKind, id diskID, nodeID string, started time.Time, left *cloud.Disk, failed error) (cloud.Operation, error) {
 	op := cloud.Operation{ID: string(newOpID(started)), Kind: kind, DiskID: string(id), NodeID: nodeID, Done: true}
+	return c.recordOp(op, started, left, failed)
+}
+
+// recordOp stores the finished operation op; see record.
+func (c *Cloud) recordOp(op cloud.Operation, started time.Time, left *cloud.Disk, failed error) (cloud.Operation, error) {
+	kind, id := op.Kind, op.DiskID
 	rec := opRecord{Op: op, Started: started, Finished: c.opts.now(), Disk: left, Error: recordErr(failed)}
 	if err := c.s.writeOp(rec); err != nil {
 		if failed != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -149,6 +150,7 @@ func checkInvariants(t *testing.T, dir string) {
 		}
 	}
 	checkIndexes(t, s, records)
+	checkSnapshots(t, s)
 	for node, n := range attached {
 		if max := nodes[node].MaxAttachments; max > 0 && n > max {
 			t.Errorf("invariants: node %s holds %d disks, limit %d", node, n, max)
@@ -190,8 +192,65 @@ func TestContract(t *testing.T) {
 			Reopen:        func(t *testing.T) cloud.Cloud { return open(t, dir, Options{}) },
 			Host:          func(t *testing.T, node string) cloud.Host { return c.Host(node) },
 			HostNeedsRoot: true,
+			WriteDisk:     func(t *testing.T, id string, off int64, data []byte) { writeImage(t, c, id, off, data) },
+			ReadDisk:      func(t *testing.T, id string, off int64, n int) []byte { return readImage(t, c, id, off, n) },
 		}
 	})
+}
+
+// writeImage writes data at off of a detached disk's image, as a node
+// writes through its loop device; a disk without an image yet gets one of
+// its size, as its first attach would make it.
+func writeImage(t *testing.T, c *Cloud, id string, off int64, data []byte) {
+	t.Helper()
+	f := openImage(t, c, id)
+	defer f.Close()
+	if _, err := f.WriteAt(data, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openImage opens a disk's image for writing, making it (of the disk's
+// size) if the disk has none yet.
+func openImage(t testing.TB, c *Cloud, id string) *os.File {
+	t.Helper()
+	d, err := c.GetDisk(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(c.s.imagePath(diskID(id)), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := f.Stat(); err != nil || fi.Size() < d.SizeBytes {
+		if err == nil {
+			err = f.Truncate(d.SizeBytes)
+		}
+		if err != nil {
+			f.Close()
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// readImage reads n bytes at off of a disk's image (zeros past its end, or
+// without an image).
+func readImage(t *testing.T, c *Cloud, id string, off int64, n int) []byte {
+	t.Helper()
+	f, err := os.Open(c.s.imagePath(diskID(id)))
+	if errors.Is(err, os.ErrNotExist) {
+		return make([]byte, n)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // Every way an id can point outside the disks directory is refused before

@@ -35,6 +35,9 @@ import (
 //	                        the attachment index: an empty file per disk
 //	                        attached to the node
 //	ops/<op-id>.log         operation logs (oplog.go)
+//	snapshots/, snapnames/, frozen/
+//	                        snapshots, their name index, and freezes in
+//	                        progress (snapshot.go)
 //	.tmp-<name>-*           a replacement of <name> in progress, in its
 //	                        directory (new files are made unnamed, newfile.go)
 //
@@ -348,23 +351,7 @@ func (s *state) readDisk(id diskID) (cloud.Disk, error) {
 // newRecord writes the record of a new disk into an unnamed file
 // (openUnnamed), fsynced, for linkFile to name.
 func (s *state) newRecord(d cloud.Disk) (*os.File, error) {
-	raw, err := json.Marshal(diskRecord{Version: recordVersion, Disk: d})
-	if err != nil {
-		return nil, err
-	}
-	f, err := openUnnamed(s.disks)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := f.Write(raw); err != nil {
-		f.Close()
-		return nil, err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
+	return newRecordFile(s.disks, diskRecord{Version: recordVersion, Disk: d})
 }
 
 // readExisting reads the record of a disk a change is about: a missing one
@@ -503,6 +490,7 @@ var errorCodes = []struct {
 	{"limit_reached", cloud.ErrLimitReached},
 	{"invalid", cloud.ErrInvalid},
 	{"transient", cloud.ErrTransient},
+	{"not_supported", cloud.ErrNotSupported},
 }
 
 func recordErr(err error) *recordedErr {
