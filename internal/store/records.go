@@ -142,9 +142,9 @@ type Op struct {
 	VolumeID   string    `json:"volumeID,omitempty"`
 	SnapshotID string    `json:"snapshotID,omitempty"`
 	Event      fsm.Event `json:"event"`
-	Guard    fsm.Guard `json:"guard,omitempty"`
-	From     fsm.State `json:"from"`
-	To       fsm.State `json:"to"`
+	Guard      fsm.Guard `json:"guard,omitempty"`
+	From       fsm.State `json:"from"`
+	To         fsm.State `json:"to"`
 	// Generation is the volume generation the op was planned against.
 	Generation  uint64          `json:"generation"`
 	Args        json.RawMessage `json:"args,omitempty"`

@@ -61,7 +61,7 @@ var (
 	// snapshotBuckets are the buckets a file of a schema before
 	// schemaSnapshots lacks.
 	snapshotBuckets = [][]byte{bucketSnapshots, bucketSnapNames}
-	keySchema     = []byte("schema")
+	keySchema       = []byte("schema")
 	// keyNew marks a file Open started (from nothing, or from an empty
 	// file) until the caller confirms it (Confirm).
 	keyNew    = []byte("new")
