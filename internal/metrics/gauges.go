@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Source is what the gauges are read from: the engine's Snapshot.
+// Source is what the gauges are read from: the engine's Counts.
 type Source interface {
-	Snapshot() (ops.Snapshot, error)
+	Counts() (ops.Counts, error)
 }
 
 // Watch registers the collector of the store's gauges. now is the clock the
@@ -44,7 +44,7 @@ var (
 )
 
 // gauges reads the store's gauges on each scrape, in one read transaction
-// (ops.Engine.Snapshot): O(volumes) per scrape, decoding only each volume's
+// (ops.Engine.Counts): O(volumes) per scrape, decoding only each volume's
 // state.
 type gauges struct {
 	src Source
@@ -58,7 +58,7 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (g *gauges) Collect(ch chan<- prometheus.Metric) {
-	s, err := g.src.Snapshot()
+	s, err := g.src.Counts()
 	if err != nil {
 		err = fmt.Errorf("read the state file for metrics: %w", err)
 		for _, d := range gaugeDescs {

@@ -17,17 +17,17 @@ import (
 )
 
 type source struct {
-	s   ops.Snapshot
+	s   ops.Counts
 	err error
 }
 
-func (s *source) Snapshot() (ops.Snapshot, error) { return s.s, s.err }
+func (s *source) Counts() (ops.Counts, error) { return s.s, s.err }
 
 // TestGaugesFromSnapshot: the gauges report the snapshot, every label value
 // included, and the age of the oldest resize on the given clock.
 func TestGaugesFromSnapshot(t *testing.T) {
 	now := time.Unix(10000, 0)
-	src := &source{s: ops.Snapshot{
+	src := &source{s: ops.Counts{
 		Volumes:      map[fsm.State]int{fsm.Created: 3, fsm.Published: 2},
 		Active:       map[fsm.Event]int{fsm.Create: 1},
 		Resizes:      map[store.ResizeStatus]int{store.ResizeQueued: 2},
