@@ -41,6 +41,7 @@ const (
 	OpsBeforeCommit        = "ops.before_commit"
 	CloudAfterCreate       = "cloud.after_create"
 	CloudAfterAttach       = "cloud.after_attach"
+	CloudAfterSnapshot     = "cloud.after_snapshot"
 	NodeAfterLosetup       = "node.after_losetup"
 	MounterAfterFormat     = "mounter.after_format"
 	MounterAfterMount      = "mounter.after_mount"
@@ -83,6 +84,7 @@ var Points = map[string]string{
 	OpsBeforeCommit:        "an op's effect is done; its outcome is not yet committed",
 	CloudAfterCreate:       "the cloud has created the disk; csid has not recorded it",
 	CloudAfterAttach:       "the cloud has attached the disk; csid has not recorded it",
+	CloudAfterSnapshot:     "the cloud has cut the snapshot; csid has not recorded it",
 	NodeAfterLosetup:       "the node has a loop device for the disk; nothing is mounted",
 	MounterAfterFormat:     "the device has just been formatted; nothing is mounted",
 	MounterAfterMount:      "the staging mount exists; csid has not recorded it",

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/csid-dev/csid/internal/crash"
@@ -39,15 +40,20 @@ type Exec struct {
 // An error (the state file cannot be written) is transient: return it, and
 // the attempt is retried.
 func (x *Exec) Checkpoint(key, value string) error {
+	return x.CheckpointAll(map[string]string{key: value})
+}
+
+// CheckpointAll is Checkpoint of several keys, in one commit.
+func (x *Exec) CheckpointAll(kv map[string]string) error {
 	cp := maps.Clone(x.Op.Checkpoints)
 	if cp == nil {
 		cp = map[string]string{}
 	}
-	cp[key] = value
+	maps.Copy(cp, kv)
 	o := *x.Op
 	o.Checkpoints = cp
 	if err := x.e.st.Update(func(tx *store.Tx) error { return tx.UpdateOp(&o) }); err != nil {
-		return fmt.Errorf("checkpoint %s of op %d: %w", key, x.Op.Seq, err)
+		return fmt.Errorf("checkpoint %v of op %d: %w", slices.Sorted(maps.Keys(kv)), x.Op.Seq, err)
 	}
 	x.Op.Checkpoints = cp
 	return nil
