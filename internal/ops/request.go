@@ -72,6 +72,9 @@ type SnapshotCreateArgs struct {
 	// SourceVolumeID is the volume to snapshot.
 	SourceVolumeID string            `json:"sourceVolumeID"`
 	Parameters     map[string]string `json:"parameters,omitempty"`
+	// Zones, when set, are the zones the snapshot must be accessible from
+	// (one of them): the source volume's zone must be one.
+	Zones []string `json:"zones,omitempty"`
 }
 
 // SnapshotDeleteArgs are the arguments of snapshot_delete (none).

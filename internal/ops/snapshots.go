@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/csid-dev/csid/internal/fsm"
@@ -49,10 +50,13 @@ func (p *planner) planSnapshotCreate(a *SnapshotCreateArgs, raw []byte, fp strin
 	if v.DiskID == "" {
 		return rejectf(Conflict, "volume %s has no disk here: snapshots are taken by the controller", v.ID)
 	}
+	if outsideZones(v.Zone, a.Zones) {
+		return rejectf(Exhausted, "volume %s is in zone %s; a snapshot of it is accessible there only, outside the requested topology %v", v.ID, v.Zone, a.Zones)
+	}
 	if id, err = p.freeID(p.newSnapID); err != nil {
 		return decision{}, err
 	}
-	s := &store.Snapshot{ID: id, Name: a.Name, SourceVolumeID: v.ID, SourceDiskID: v.DiskID,
+	s := &store.Snapshot{ID: id, Name: a.Name, SourceVolumeID: v.ID, SourceDiskID: v.DiskID, Zone: v.Zone,
 		Parameters: maps.Clone(a.Parameters), State: fsm.Absent, CreatedAt: p.now, UpdatedAt: p.now}
 	return p.acceptSnapshotStep(s, fsm.SnapshotCreate, raw, fp)
 }
@@ -90,7 +94,17 @@ func (p *planner) snapshotByName(s *store.Snapshot, a *SnapshotCreateArgs, fp st
 		d, err := rejectf(Exists, "snapshot %q already exists as %s, with other parameters", a.Name, s.ID)
 		return d, true, err
 	}
+	if outsideZones(s.Zone, a.Zones) {
+		d, err := rejectf(Exists, "snapshot %q already exists as %s, in zone %s, outside the requested topology", a.Name, s.ID, s.Zone)
+		return d, true, err
+	}
 	return decision{kind: done, snap: s}, true, nil
+}
+
+// outsideZones reports whether zone is not among the zones asked for (none
+// asked: any zone does).
+func outsideZones(zone string, zones []string) bool {
+	return len(zones) > 0 && zone != "" && !slices.Contains(zones, zone)
 }
 
 // planSnapshotDelete plans a DeleteSnapshot: an unknown snapshot is done;

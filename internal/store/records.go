@@ -246,8 +246,10 @@ type Snapshot struct {
 	// SourceVolumeID is the volume it was taken of (CSI's
 	// source_volume_id); the volume may be gone since.
 	SourceVolumeID string `json:"sourceVolumeID"`
-	// SourceDiskID is that volume's disk.
+	// SourceDiskID is that volume's disk, and Zone its zone: where the
+	// snapshot is accessible from.
 	SourceDiskID string            `json:"sourceDiskID,omitempty"`
+	Zone         string            `json:"zone,omitempty"`
 	Parameters   map[string]string `json:"parameters,omitempty"`
 	// CloudID is the provider's id of the snapshot, once cut.
 	CloudID string `json:"cloudID,omitempty"`
