@@ -158,7 +158,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	eng := ops.New(ops.Config{Store: st, Executors: sd.execs, NodeID: sd.nodeID, Adopt: sd.adopt, Confirm: effects.Confirmer(sd.ctrl, sd.node),
 		ConfirmSnapshot: sd.confirmSnapshot(),
-		Forget: o.Mode == driver.ModeNode, Workers: o.Workers, Deadlines: o.Deadlines,
+		Forget:          o.Mode == driver.ModeNode, Workers: o.Workers, Deadlines: o.Deadlines,
 		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger(), Observer: ob.opsObserver()})
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
