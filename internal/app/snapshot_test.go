@@ -2,16 +2,20 @@ package app_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/app/apptest"
+	"github.com/csid-dev/csid/internal/cloud/fake"
+	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // snapshotBackends are the backends the snapshot stories run on: the fake
@@ -164,3 +168,41 @@ func TestSnapshotRequestsAreCheckedFirst(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// TestSnapshotsAreRebuiltFromTheCloud: a controller whose state file was
+// lost, started with --rebuild-from-cloud, rebuilds its snapshots from the
+// provider's snapshots and their tags (as its volumes from their disks'):
+// ListSnapshots answers as before, a volume restored from a snapshot still
+// names it as its content source, and CreateSnapshot by name answers the
+// same snapshot.
+func TestSnapshotsAreRebuiltFromTheCloud(t *testing.T) {
+	dir := apptest.ShortTempDir(t)
+	o := app.Options{Cloud: "fake", Fake: fake.New(fake.Options{Zones: []string{"fake"}}), StateDir: dir, Log: zerolog.Nop()}
+	in := apptest.Start(t, o)
+	c := apptest.Dial(t, in.Socket)
+	ctx := context.Background()
+	vc := apptest.MountCap("ext4")
+	vol := createVolume(t, c, "pvc-1", 64<<20, vc, nil).VolumeId
+	snap := apptest.R(c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "vs-1", SourceVolumeId: vol})).Must(t).Snapshot
+	restored := createVolume(t, c, "pvc-r", 0, vc, fromSnapshot(snap.SnapshotId))
+	before := apptest.R(c.ListSnapshots(ctx, &csi.ListSnapshotsRequest{})).Must(t)
+	in.Stop(t)
+	if err := os.Remove(app.StateFile(dir, driver.ModeAll)); err != nil {
+		t.Fatal(err)
+	}
+	o.RebuildFromCloud = true
+	in = apptest.Start(t, o)
+	c = apptest.Dial(t, in.Socket)
+	after := apptest.R(c.ListSnapshots(ctx, &csi.ListSnapshotsRequest{})).Must(t)
+	if !proto.Equal(before, after) {
+		t.Errorf("snapshots before the rebuild:\n%v\nafter:\n%v", before, after)
+	}
+	got := apptest.R(c.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: restored.VolumeId})).Must(t).Volume
+	if got.ContentSource.GetSnapshot().GetSnapshotId() != snap.SnapshotId {
+		t.Errorf("the restored volume after the rebuild: %v", got)
+	}
+	again := apptest.R(c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "vs-1", SourceVolumeId: vol})).Must(t).Snapshot
+	if again.SnapshotId != snap.SnapshotId {
+		t.Errorf("CreateSnapshot by name after the rebuild: %s, want %s", again.SnapshotId, snap.SnapshotId)
+	}
+}
