@@ -52,6 +52,13 @@ type Cloud interface {
 	LoopDevices(ctx context.Context) (map[string][]string, error)
 }
 
+// SnapshotLister reads the provider's snapshots. A Cloud that is one is
+// read for them too (the local backend's inspector, when it takes
+// snapshots).
+type SnapshotLister interface {
+	Snapshots(ctx context.Context) ([]cloud.Snapshot, error)
+}
+
 // MountLister reads the host's mount table; mounter.New() is one.
 type MountLister interface {
 	List(ctx context.Context) ([]mounter.MountPoint, error)
@@ -119,6 +126,12 @@ func Gather(ctx context.Context, s Sources) (Input, error) {
 			return Input{}, fmt.Errorf("read the loop devices: %w", err)
 		}
 		in.DisksRead, in.DevicesRead = true, true
+		if sl, ok := s.Cloud.(SnapshotLister); ok {
+			if in.Snapshots, err = sl.Snapshots(ctx); err != nil {
+				return Input{}, fmt.Errorf("read the provider's snapshots: %w", err)
+			}
+			in.SnapshotsRead = true
+		}
 	}
 	if s.Mounts != nil {
 		mps, err := s.Mounts.List(ctx)
@@ -170,6 +183,13 @@ func readRecords(ctx context.Context, srcs []RecordSource, damaged bool) ([]Stor
 			return nil, fmt.Errorf("read the records of %s: %w", src.Name, err)
 		}
 		st := Store{Name: src.Name, Mode: src.Mode, Volumes: l.Volumes}
+		if st.controller() {
+			sl, err := src.Source.Snapshots(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("read the snapshot records of %s: %w", src.Name, err)
+			}
+			st.Snapshots = sl.Snapshots
+		}
 		if damaged {
 			d, err := src.Source.Damaged(ctx)
 			if err != nil {
