@@ -49,9 +49,9 @@ func healthy() Input {
 		Disks:         []cloud.Disk{disk("disk-1", "vol-pub", "node-1"), disk("disk-2", "vol-new", "")},
 		SnapshotsRead: true,
 		Snapshots:     []cloud.Snapshot{csnap("csnap-1", "snap-1", "vol-new")},
-		DevicesRead: true,
-		Devices:     map[string][]string{"disk-1": {"/dev/loop3"}},
-		MountsRead:  true,
+		DevicesRead:   true,
+		Devices:       map[string][]string{"disk-1": {"/dev/loop3"}},
+		MountsRead:    true,
 		Mounts: []Mount{
 			{MountPoint: mounter.MountPoint{Device: "/dev/sda1", Path: "/", Type: "ext4"}},
 			{MountPoint: mounter.MountPoint{Device: "tmpfs", Path: root + "/pods/uid-9/volumes/kubernetes.io~projected/token", Type: "tmpfs"}},
