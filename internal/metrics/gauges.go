@@ -31,6 +31,8 @@ func (m *Metrics) Watch(src Source, now func() time.Time) error {
 var (
 	volumesDesc = prometheus.NewDesc("csid_volumes",
 		"Volumes in the state file, by lifecycle state (ABSENT: being created).", []string{"state"}, nil)
+	snapshotsDesc = prometheus.NewDesc("csid_snapshots",
+		"Snapshots in the state file, by lifecycle state (ABSENT: being cut; READY).", []string{"state"}, nil)
 	activeDesc = prometheus.NewDesc("csid_ops_active",
 		"Operations accepted and not finished (queued, running, backing off or compensating), by event: the queue's depth.", []string{"event"}, nil)
 	resizeDepthDesc = prometheus.NewDesc("csid_resize_queue_depth",
@@ -40,7 +42,7 @@ var (
 	storeSizeDesc = prometheus.NewDesc("csid_store_size_bytes",
 		"Size of the state file.", nil, nil)
 
-	gaugeDescs = []*prometheus.Desc{volumesDesc, activeDesc, resizeDepthDesc, resizeAgeDesc, storeSizeDesc}
+	gaugeDescs = []*prometheus.Desc{volumesDesc, snapshotsDesc, activeDesc, resizeDepthDesc, resizeAgeDesc, storeSizeDesc}
 )
 
 // gauges reads the store's gauges on each scrape, in one read transaction
@@ -71,7 +73,10 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range fsm.States {
 		ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.Volumes[st]), string(st))
 	}
-	for _, e := range fsm.OpEvents {
+	for _, st := range fsm.SnapshotStates {
+		ch <- prometheus.MustNewConstMetric(snapshotsDesc, prometheus.GaugeValue, float64(s.Snapshots[st]), string(st))
+	}
+	for _, e := range fsm.AllOpEvents() {
 		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(s.Active[e]), string(e))
 	}
 	for _, st := range []store.ResizeStatus{store.ResizeQueued, store.ResizeRunning} {
