@@ -151,4 +151,30 @@ var Scenarios = []scenario{
 		end: then(markers(), do("a", unstg), do("a", cunpub), do("a", attach), markers(),
 			do("a", detach), do("b", detach), do("a", del), do("b", del)),
 	},
+	{
+		Name: "snapshot", Doc: "CreateSnapshot of a detached volume holding data",
+		setup: then(create("vol", 64*mib), do("vol", attach), write("vol"), do("vol", detach)),
+		main:  takeSnapshot("snap", "vol"),
+		end: then(restore("copy", "snap", 64*mib), do("copy", attach), readBack("copy"), do("copy", detach), do("copy", del),
+			deleteSnapshot("snap"), do("vol", del)),
+	},
+	{
+		Name: "delete-snapshot", Doc: "DeleteSnapshot",
+		setup: then(create("vol", 64*mib), takeSnapshot("snap", "vol")),
+		main:  deleteSnapshot("snap"),
+		end:   do("vol", del),
+	},
+	{
+		Name: "restore", Doc: "CreateVolume from a snapshot whose source volume is deleted, at a larger size (the stage grows the filesystem)",
+		setup: then(create("vol", 64*mib), do("vol", attach), write("vol"), do("vol", detach), takeSnapshot("snap", "vol"), do("vol", del)),
+		main:  restore("copy", "snap", 128*mib),
+		end: then(do("copy", attach), readBack("copy"), size("copy"), do("copy", detach), fsck("copy"), do("copy", del),
+			deleteSnapshot("snap")),
+	},
+	{
+		Name: "clone", Doc: "CreateVolume from a volume (a clone)",
+		setup: then(create("vol", 64*mib), do("vol", attach), write("vol"), do("vol", detach)),
+		main:  clone("copy", "vol", 64*mib),
+		end:   then(do("copy", attach), readBack("copy"), do("copy", detach), do("copy", del), do("vol", del)),
+	},
 }

@@ -21,8 +21,10 @@ import (
 
 // verify checks a cell's invariants once its scenario has ended and csid
 // has stopped: the state file (read-only), the cloud and the host. The
-// refused ops are the failures the scenario asked for.
-func verify(ctx context.Context, dir string, refused []refusal) error {
+// refused ops are the failures the scenario asked for; snapshots says the
+// scenario took snapshots (then the provider's must be read, and none
+// left).
+func verify(ctx context.Context, dir string, refused []refusal, snapshots bool) error {
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 
@@ -37,10 +39,17 @@ func verify(ctx context.Context, dir string, refused []refusal) error {
 			return err
 		}
 		for _, op := range active {
-			add("op %d (%s of %s) is still %s", op.Seq, op.Event, op.VolumeID, op.Status)
+			add("op %d (%s of %s) is still %s", op.Seq, op.Event, op.Subject(), op.Status)
 		}
 		err = tx.ForEachVolume("", func(v *store.Volume) bool {
 			add("volume %s is left in state %s", v.ID, v.State)
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		err = tx.ForEachSnapshot("", func(s *store.Snapshot) bool {
+			add("snapshot %s is left in state %s", s.ID, s.State)
 			return true
 		})
 		if err != nil {
@@ -95,6 +104,12 @@ func verify(ctx context.Context, dir string, refused []refusal) error {
 	for _, d := range in.Disks {
 		add("disk %s (%s) is left in the cloud, attached to %q", d.ID, d.Name, d.AttachedTo)
 	}
+	for _, s := range in.Snapshots {
+		add("snapshot %s (%s) is left at the provider", s.ID, s.Name)
+	}
+	if snapshots && !in.SnapshotsRead {
+		add("the local backend's snapshots could not be read (its inspector lists none): leaks of snapshots are not checked")
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "; "))
 	}
@@ -109,28 +124,30 @@ type refusal struct {
 	code     string
 }
 
-// checkOps checks the ops of every volume, oldest first: each succeeded
-// (or is one of the refusals the scenario asked for) and was a legal
-// transition from the state the previous one left; and no attach was
-// accepted before an earlier resize of its volume had finished.
+// checkOps checks the ops of every volume and snapshot, oldest first: each
+// succeeded (or is one of the refusals the scenario asked for) and was a
+// legal transition of its lifecycle from the state the previous one left;
+// and no attach was accepted before an earlier resize of its volume had
+// finished.
 func checkOps(ops []*store.Op, refused []refusal, add func(string, ...any)) {
 	state := map[string]fsm.State{}
 	resizes := map[string][]*store.Op{}
 	for _, op := range ops {
+		id := op.Subject()
 		if op.Status == store.OpFailed && slices.Contains(refused, refusal{op.VolumeID, op.Event, op.Code}) {
 			continue
 		}
 		if op.Status != store.OpSucceeded {
-			add("op %d (%s of %s) %s: %s", op.Seq, op.Event, op.VolumeID, op.Status, op.Message)
+			add("op %d (%s of %s) %s: %s", op.Seq, op.Event, id, op.Status, op.Message)
 			continue
 		}
-		if step, err := fsm.Next(op.From, op.Event, op.Guard); err != nil || step.To != op.To {
-			add("op %d (%s of %s) is not a legal transition: %s -> %s", op.Seq, op.Event, op.VolumeID, op.From, op.To)
+		if step, err := op.Lifecycle().Next(op.From, op.Event, op.Guard); err != nil || step.To != op.To {
+			add("op %d (%s of %s) is not a legal transition: %s -> %s", op.Seq, op.Event, id, op.From, op.To)
 		}
-		if prev, ok := state[op.VolumeID]; ok && prev != op.From {
-			add("op %d (%s of %s) starts from %s, but the volume was left %s", op.Seq, op.Event, op.VolumeID, op.From, prev)
+		if prev, ok := state[id]; ok && prev != op.From {
+			add("op %d (%s of %s) starts from %s, but it was left %s", op.Seq, op.Event, id, op.From, prev)
 		}
-		state[op.VolumeID] = op.To
+		state[id] = op.To
 		switch op.Event {
 		case fsm.Expand:
 			resizes[op.VolumeID] = append(resizes[op.VolumeID], op)
