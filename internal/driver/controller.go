@@ -246,11 +246,8 @@ func (d *Driver) lookup(id string) (*store.Volume, error) {
 // the last volume of the previous page, so deletions between pages never
 // break paging; a token that is not a volume id is Aborted (start again).
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries must not be negative")
-	}
-	if t := req.GetStartingToken(); t != "" && !knownVolumeID(t) {
-		return nil, status.Errorf(codes.Aborted, "starting_token %q is not a token csid gave; list again from the start", t)
+	if err := checkPage(req.GetMaxEntries(), req.GetStartingToken(), knownVolumeID); err != nil {
+		return nil, err
 	}
 	vols, next, err := d.cfg.Engine.ListVolumes(req.GetStartingToken(), int(req.GetMaxEntries()))
 	if err != nil {
@@ -262,6 +259,19 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: publishedNodes(&vols[i])}})
 	}
 	return resp, nil
+}
+
+// checkPage checks a list's page request: max_entries must not be
+// negative, and a starting token must be one csid gave (an id of the
+// listed kind, known); anything else is Aborted: list again from the start.
+func checkPage(max int32, token string, known func(string) bool) error {
+	if max < 0 {
+		return invalid("max_entries must not be negative")
+	}
+	if token != "" && !known(token) {
+		return status.Errorf(codes.Aborted, "starting_token %q is not a token csid gave; list again from the start", token)
+	}
+	return nil
 }
 
 func publishedNodes(v *store.Volume) []string {

@@ -153,11 +153,8 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	if !d.cfg.Snapshots {
 		return nil, noSnapshots()
 	}
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries must not be negative")
-	}
-	if t := req.GetStartingToken(); t != "" && !knownSnapshotID(t) {
-		return nil, status.Errorf(codes.Aborted, "starting_token %q is not a token csid gave; list again from the start", t)
+	if err := checkPage(req.GetMaxEntries(), req.GetStartingToken(), knownSnapshotID); err != nil {
+		return nil, err
 	}
 	src := req.GetSourceVolumeId()
 	if src != "" && !knownVolumeID(src) {

@@ -150,22 +150,14 @@ func (t *Tx) FinishSnapshot(s *Snapshot, op *Op) error {
 	if err := t.checkActive(s.ID, op); err != nil {
 		return err
 	}
-	if err := fsm.Snapshots.Check(op.From, op.Event, op.Guard, op.To); err != nil {
-		return fmt.Errorf("store: op %d: %w", op.Seq, err)
-	}
 	stored := fsm.Absent
 	if cur, err := t.Snapshot(s.ID); err != nil {
 		return err
 	} else if cur != nil {
 		stored = cur.State
 	}
-	want := op.To
-	if op.Status != OpSucceeded {
-		want = op.From
-	}
-	if stored != op.From || s.State != want {
-		return fmt.Errorf("store: op %d (%s from %s to %s, %s) would write snapshot %s from %s to %s: %w",
-			op.Seq, op.Event, op.From, op.To, op.Status, s.ID, stored, s.State, fsm.ErrIllegal)
+	if err := checkOutcome(fsm.Snapshots, op, stored, s.State, "snapshot "+s.ID); err != nil {
+		return err
 	}
 	s.ActiveOp = 0
 	prev := s.LastOp
@@ -238,12 +230,8 @@ func (t *Tx) removeSnapshot(s *Snapshot) error {
 	if err := t.tx.Bucket(bucketSnapshots).Delete([]byte(s.ID)); err != nil {
 		return err
 	}
-	if s.Name != "" {
-		if owner, err := t.getRaw(bucketSnapNames, []byte(s.Name)); err == nil && string(owner) == s.ID {
-			if err := t.tx.Bucket(bucketSnapNames).Delete([]byte(s.Name)); err != nil {
-				return err
-			}
-		}
+	if err := t.dropName(bucketSnapNames, s.Name, s.ID); err != nil {
+		return err
 	}
 	return t.deleteNotes(s.ID)
 }

@@ -431,22 +431,41 @@ func (t *Tx) finishOp(id string, op *Op) error {
 // the op's From state, and the record written is in To (succeeded) or
 // still in From (failed).
 func (t *Tx) checkFinish(v *Volume, op *Op) error {
-	if err := fsm.Check(op.From, op.Event, op.Guard, op.To); err != nil {
-		return fmt.Errorf("store: op %d: %w", op.Seq, err)
-	}
 	stored := fsm.Absent
 	if cur, err := t.Volume(v.ID); err != nil {
 		return err
 	} else if cur != nil {
 		stored = cur.State
 	}
+	return checkOutcome(fsm.Volumes, op, stored, v.State, "volume "+v.ID)
+}
+
+// checkOutcome holds an op's outcome to its lifecycle l: the op's step is
+// one of l, the record what (a volume or snapshot) is stored in the op's
+// From state, and is written in To (succeeded) or still in From (failed).
+func checkOutcome(l *fsm.Lifecycle, op *Op, stored, written fsm.State, what string) error {
+	if err := l.Check(op.From, op.Event, op.Guard, op.To); err != nil {
+		return fmt.Errorf("store: op %d: %w", op.Seq, err)
+	}
 	want := op.To
 	if op.Status != OpSucceeded {
 		want = op.From
 	}
-	if stored != op.From || v.State != want {
-		return fmt.Errorf("store: op %d (%s from %s to %s, %s) would write volume %s from %s to %s: %w",
-			op.Seq, op.Event, op.From, op.To, op.Status, v.ID, stored, v.State, fsm.ErrIllegal)
+	if stored != op.From || written != want {
+		return fmt.Errorf("store: op %d (%s from %s to %s, %s) would write %s from %s to %s: %w",
+			op.Seq, op.Event, op.From, op.To, op.Status, what, stored, written, fsm.ErrIllegal)
+	}
+	return nil
+}
+
+// dropName deletes the entry of name in the name index bucket if it names
+// id; a damaged entry stays, for csid check to report.
+func (t *Tx) dropName(bucket []byte, name, id string) error {
+	if name == "" {
+		return nil
+	}
+	if owner, err := t.getRaw(bucket, []byte(name)); err == nil && string(owner) == id {
+		return t.tx.Bucket(bucket).Delete([]byte(name))
 	}
 	return nil
 }
@@ -494,12 +513,9 @@ func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now 
 		}
 		return t.remove(cur)
 	}
-	names := t.tx.Bucket(bucketNames)
-	if cur != nil && cur.Name != "" && cur.Name != v.Name {
-		if owner, err := t.getRaw(bucketNames, []byte(cur.Name)); err == nil && string(owner) == v.ID {
-			if err := names.Delete([]byte(cur.Name)); err != nil {
-				return err
-			}
+	if cur != nil && cur.Name != v.Name {
+		if err := t.dropName(bucketNames, cur.Name, v.ID); err != nil {
+			return err
 		}
 	}
 	if v.Name != "" {
@@ -518,14 +534,8 @@ func (t *Tx) remove(v *Volume) error {
 	if err := t.tx.Bucket(bucketVolumes).Delete([]byte(v.ID)); err != nil {
 		return err
 	}
-	if v.Name != "" {
-		// The entry goes if it names this volume; a damaged one stays
-		// for csid check to report.
-		if owner, err := t.getRaw(bucketNames, []byte(v.Name)); err == nil && string(owner) == v.ID {
-			if err := t.tx.Bucket(bucketNames).Delete([]byte(v.Name)); err != nil {
-				return err
-			}
-		}
+	if err := t.dropName(bucketNames, v.Name, v.ID); err != nil {
+		return err
 	}
 	if err := t.tx.Bucket(bucketResize).Delete([]byte(v.ID)); err != nil {
 		return err
