@@ -33,44 +33,7 @@ func verify(ctx context.Context, dir string, refused []refusal, snapshots bool) 
 		return err
 	}
 	defer st.Close()
-	err = st.View(func(tx *store.Tx) error {
-		active, err := tx.ActiveOps()
-		if err != nil {
-			return err
-		}
-		for _, op := range active {
-			add("op %d (%s of %s) is still %s", op.Seq, op.Event, op.Subject(), op.Status)
-		}
-		err = tx.ForEachVolume("", func(v *store.Volume) bool {
-			add("volume %s is left in state %s", v.ID, v.State)
-			return true
-		})
-		if err != nil {
-			return err
-		}
-		err = tx.ForEachSnapshot("", func(s *store.Snapshot) bool {
-			add("snapshot %s is left in state %s", s.ID, s.State)
-			return true
-		})
-		if err != nil {
-			return err
-		}
-		err = tx.ForEachResize(func(r *store.Resize) bool {
-			add("a resize of %s to %d bytes is left %s", r.VolumeID, r.TargetBytes, r.Status)
-			return true
-		})
-		if err != nil {
-			return err
-		}
-		var ops []*store.Op
-		if err := tx.ForEachOp(func(op *store.Op) bool { ops = append(ops, op); return true }); err != nil {
-			return err
-		}
-		slices.Reverse(ops) // oldest first
-		checkOps(ops, refused, add)
-		return nil
-	})
-	if err != nil {
+	if err := checkRecords(st, refused, add); err != nil {
 		return err
 	}
 
@@ -114,6 +77,48 @@ func verify(ctx context.Context, dir string, refused []refusal, snapshots bool) 
 		return fmt.Errorf("%s", strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// checkRecords checks the stopped csid's records: no op left in flight, no
+// volume, snapshot or resize left, and every op a legal step (checkOps).
+func checkRecords(st *store.Store, refused []refusal, add func(string, ...any)) error {
+	return st.View(func(tx *store.Tx) error {
+		active, err := tx.ActiveOps()
+		if err != nil {
+			return err
+		}
+		for _, op := range active {
+			add("op %d (%s of %s) is still %s", op.Seq, op.Event, op.Subject(), op.Status)
+		}
+		err = tx.ForEachVolume("", func(v *store.Volume) bool {
+			add("volume %s is left in state %s", v.ID, v.State)
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		err = tx.ForEachSnapshot("", func(s *store.Snapshot) bool {
+			add("snapshot %s is left in state %s", s.ID, s.State)
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		err = tx.ForEachResize(func(r *store.Resize) bool {
+			add("a resize of %s to %d bytes is left %s", r.VolumeID, r.TargetBytes, r.Status)
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		var ops []*store.Op
+		if err := tx.ForEachOp(func(op *store.Op) bool { ops = append(ops, op); return true }); err != nil {
+			return err
+		}
+		slices.Reverse(ops) // oldest first
+		checkOps(ops, refused, add)
+		return nil
+	})
 }
 
 // refusal is an op a scenario expects to fail, with the code it fails
