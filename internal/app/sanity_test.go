@@ -83,7 +83,7 @@ func TestSanity(t *testing.T) {
 }
 
 // sanityRuns are the backends and access types the suite runs with.
-var sanityRuns = []string{"fake/mount", "fake/block"}
+var sanityRuns = []string{"local/mount", "local/block", "fake/mount", "fake/block"}
 
 // unclaimed are the capabilities csid does not claim, as csi-test's skip
 // reasons name them (lower case): a spec skipped for anything else fails.

@@ -1,8 +1,10 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud/fake"
+	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/rs/zerolog"
@@ -20,7 +23,7 @@ import (
 
 // snapshotBackends are the backends the snapshot stories run on: the fake
 // (no root) and the local one (loop devices, real filesystems; root).
-var snapshotBackends = []string{"fake"} // + "local" once its Snapshotter lands
+var snapshotBackends = []string{"fake", "local"}
 
 // startBackend starts an all-in-one csid on backend, skipping (failing
 // with CSID_REQUIRE_ROOT=1) the local backend without root.
@@ -204,5 +207,83 @@ func TestSnapshotsAreRebuiltFromTheCloud(t *testing.T) {
 	again := apptest.R(c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "vs-1", SourceVolumeId: vol})).Must(t).Snapshot
 	if again.SnapshotId != snap.SnapshotId {
 		t.Errorf("CreateSnapshot by name after the rebuild: %s, want %s", again.SnapshotId, snap.SnapshotId)
+	}
+}
+
+// fsckImage checks the filesystem of a detached disk's image, read-only:
+// it must need no repair.
+func fsckImage(t *testing.T, fsType, image string) {
+	t.Helper()
+	cmd := exec.Command("e2fsck", "-fn", image)
+	if fsType == "xfs" {
+		cmd = exec.Command("xfs_repair", "-n", "-f", image)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("%s of %s: %v\n%s", cmd.Args[0], image, err, out)
+	}
+}
+
+// TestRestoreAndCloneOnLoopDevices is point 4 of issue 17 on the local
+// backend, with real loop devices and real filesystems (ext4 and xfs): a
+// file written to a volume is in a snapshot of it; the source volume is
+// deleted and the snapshot restored at twice its size: the file is intact,
+// the filesystem was grown to the larger device when the node staged it,
+// and it needs no repair; a clone of the restored volume at a larger size
+// again holds the file on a grown filesystem.
+func TestRestoreAndCloneOnLoopDevices(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, fsType := range []string{"ext4", "xfs"} {
+		t.Run(fsType, func(t *testing.T) {
+			in, c := startBackend(t, "local")
+			ctx := context.Background()
+			vc := apptest.MountCap(fsType)
+			size := int64(64 << 20)
+			if fsType == "xfs" {
+				size = driver.MinXFSBytes
+			}
+			src := createVolume(t, c, "source", size, vc, nil).VolumeId
+			target, down := volumeChain(t, c, in.Dir, src, vc)
+			data := []byte("written to the source before its snapshot\n")
+			if err := os.WriteFile(filepath.Join(target, "data"), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			down()
+			snap := apptest.R(c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "backup", SourceVolumeId: src})).Must(t).Snapshot
+			apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: src})).Must(t)
+
+			restored := createVolume(t, c, "restored", 2*size, vc, fromSnapshot(snap.SnapshotId))
+			clone := ""
+			for _, w := range []struct {
+				id   string
+				size int64
+			}{{restored.VolumeId, 2 * size}, {"", 3 * size}} {
+				if w.id == "" { // the clone, of the restored volume, once that is down again
+					w.id = createVolume(t, c, "clone", w.size, vc, fromVolume(restored.VolumeId)).VolumeId
+					clone = w.id
+				}
+				target, down := volumeChain(t, c, in.Dir, w.id, vc)
+				if got, err := os.ReadFile(filepath.Join(target, "data")); err != nil || !bytes.Equal(got, data) {
+					t.Errorf("volume %s: the file reads %q, %v; want %q", w.id, got, err, data)
+				}
+				stats := apptest.R(c.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: w.id, VolumePath: target})).Must(t)
+				if total := stats.Usage[0].Total; total < w.size*8/10 {
+					t.Errorf("volume %s: a filesystem of %d bytes on a %d-byte device: not grown at stage", w.id, total, w.size)
+				}
+				down()
+			}
+			insp, err := local.OpenInspector(in.Dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range newHostView(t, in.Dir).disks(t) {
+				fsckImage(t, fsType, insp.ImagePath(d.ID))
+			}
+			for _, id := range []string{clone, restored.VolumeId} {
+				apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
+			}
+			apptest.R(c.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.SnapshotId})).Must(t)
+			in.Stop(t)
+			checkNothingLeft(t, "restore and clone", in.Dir)
+		})
 	}
 }
