@@ -172,9 +172,23 @@ var Scenarios = []scenario{
 			deleteSnapshot("snap")),
 	},
 	{
+		Name: "snapshot-in-use", Doc: "CreateSnapshot of a published filesystem volume (the local backend freezes it for the copy where it cannot reflink)",
+		setup: then(create("vol", 64*mib), do("vol", attach), write("vol")),
+		main:  takeSnapshot("snap", "vol"),
+		end: then(readBack("vol"), restore("copy", "snap", 64*mib), do("copy", attach), readBack("copy"), do("copy", detach), do("copy", del),
+			deleteSnapshot("snap"), do("vol", detach), do("vol", del)),
+	},
+	{
 		Name: "clone", Doc: "CreateVolume from a volume (a clone)",
 		setup: then(create("vol", 64*mib), do("vol", attach), write("vol"), do("vol", detach)),
 		main:  clone("copy", "vol", 64*mib),
 		end:   then(do("copy", attach), readBack("copy"), do("copy", detach), do("copy", del), do("vol", del)),
+	},
+	{
+		Name: "clone-in-use", Doc: "CreateVolume from a published filesystem volume (a clone, frozen for the copy where it cannot reflink)",
+		setup: then(create("vol", 64*mib), do("vol", attach), write("vol")),
+		main:  clone("copy", "vol", 64*mib),
+		end: then(readBack("vol"), do("copy", attach), readBack("copy"), do("copy", detach), do("copy", del),
+			do("vol", detach), do("vol", del)),
 	},
 }
