@@ -133,6 +133,7 @@ func (o *checkOptions) run(cmd *cobra.Command) error {
 		return err
 	default:
 		s.Cloud, doc.Cloud = insp, insp.Dir()
+		s.Freezes = check.LocalFreezes(insp)
 		registered, err := insp.Nodes()
 		if err != nil {
 			return err

@@ -24,6 +24,7 @@
 //	mount-missing            a record says staged or published at a path where nothing is mounted
 //	snapshot-without-record  the provider has a snapshot no record names
 //	record-without-snapshot  a record names a provider snapshot the provider does not have
+//	filesystem-frozen        a freeze record of the local backend that no snapshot or clone in flight explains
 package check
 
 import (
@@ -34,6 +35,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/effects"
@@ -58,11 +60,12 @@ const (
 	MountMissing          Kind = "mount-missing"
 	SnapshotWithoutRecord Kind = "snapshot-without-record"
 	RecordWithoutSnapshot Kind = "record-without-snapshot"
+	FilesystemFrozen      Kind = "filesystem-frozen"
 )
 
 // Kinds lists every kind, in report order.
 var Kinds = []Kind{RecordDamaged, DeviceMismatch, DiskWithoutVolume, VolumeWithoutDisk, AttachmentUnknown, AttachmentMissing,
-	LoopDeviceUnaccounted, MountUnaccounted, MountMissing, SnapshotWithoutRecord, RecordWithoutSnapshot}
+	LoopDeviceUnaccounted, MountUnaccounted, MountMissing, SnapshotWithoutRecord, RecordWithoutSnapshot, FilesystemFrozen}
 
 // Finding is one disagreement between records, cloud and host.
 type Finding struct {
@@ -121,6 +124,9 @@ type Input struct {
 	// snapshots (a cloud that takes none has none to read).
 	SnapshotsRead bool
 	Snapshots     []cloud.Snapshot
+	// Freezes are the local backend's freeze records (Sources.Freezes):
+	// filesystems a snapshot or clone froze for its copy.
+	Freezes []Freeze
 	// DevicesRead says whether Devices holds the host's loop devices of
 	// the cloud's disks: by disk id, each disk's in device-number order
 	// (csid uses the first; a second one is a leak).
@@ -239,6 +245,7 @@ func Compare(in Input) Report {
 	c.damaged()
 	c.disks()
 	c.snapshots()
+	c.freezes()
 	c.devices()
 	c.mounts()
 	c.identities()
@@ -688,5 +695,37 @@ func (c *comparison) snapshots() {
 			continue
 		}
 		c.add(recordWithoutSnapshot(s))
+	}
+}
+
+// Freeze is a freeze record of the local backend: the filesystems of a
+// disk that a snapshot or a clone froze for its copy.
+type Freeze struct {
+	DiskID      string    `json:"diskID"`
+	MountPoints []string  `json:"mountPoints,omitempty"`
+	Since       time.Time `json:"since"`
+}
+
+// freezes reports the freeze records that no snapshot or clone in flight
+// explains: a csid killed while it copied a disk with its filesystem
+// frozen (csid thaws it when it opens its state directory again).
+func (c *comparison) freezes() {
+	busy := map[string]bool{} // disks a snapshot or clone in flight copies
+	for _, s := range c.in.Stores {
+		for _, sn := range s.Snapshots {
+			if sn.PendingOp != nil {
+				busy[sn.SourceDiskID] = true
+			}
+		}
+		for _, v := range s.Volumes {
+			if v.PendingOp != nil && v.Source != nil && v.Source.VolumeID != "" {
+				busy[c.ctrl[v.Source.VolumeID].DiskID] = true
+			}
+		}
+	}
+	for _, f := range c.in.Freezes {
+		if !busy[f.DiskID] {
+			c.add(filesystemFrozen(f))
+		}
 	}
 }

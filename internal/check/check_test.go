@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/effects"
@@ -151,6 +152,9 @@ func TestEachFinding(t *testing.T) {
 			[]Kind{SnapshotWithoutRecord}, "no csid record"},
 		{"a record whose snapshot is gone", func(in *Input) { in.Snapshots = nil },
 			[]Kind{RecordWithoutSnapshot}, "csnap-1"},
+		{"a filesystem left frozen", func(in *Input) {
+			in.Freezes = []Freeze{{DiskID: "disk-1", MountPoints: []string{staging}, Since: time.Unix(1e9, 0)}}
+		}, []Kind{FilesystemFrozen}, "froze the filesystem of disk disk-1 (mounted at " + staging},
 		{"a staging path with nothing mounted", func(in *Input) { in.Mounts = slices.Delete(in.Mounts, 2, 3) },
 			[]Kind{MountMissing}, "staging path"},
 		{"a target with nothing mounted", func(in *Input) { in.Mounts = slices.Delete(in.Mounts, 3, 4) },
@@ -196,8 +200,10 @@ func TestInFlightIsLeftOut(t *testing.T) {
 	// A snapshot being cut: the provider has it, its record has no cloud
 	// id yet; one being deleted: its record is READY, the provider's is gone.
 	in.Snapshots = append(in.Snapshots, csnap("csnap-2", "snap-cutting", "vol-new"))
+	// Its freeze is the cut's, in flight.
+	in.Freezes = []Freeze{{DiskID: "disk-2", MountPoints: []string{"/mnt/x"}}}
 	in.Stores[0].Snapshots = append(in.Stores[0].Snapshots,
-		view.Snapshot{ID: "snap-cutting", State: fsm.Absent, PendingOp: &view.Op{Seq: 9, Event: fsm.SnapshotCreate, Status: view.StatusQueued}},
+		view.Snapshot{ID: "snap-cutting", State: fsm.Absent, SourceDiskID: "disk-2", PendingOp: &view.Op{Seq: 9, Event: fsm.SnapshotCreate, Status: view.StatusQueued}},
 		view.Snapshot{ID: "snap-deleting", State: fsm.Ready, CloudID: "csnap-3", PendingOp: &view.Op{Seq: 10, Event: fsm.SnapshotDelete, Status: view.StatusQueued}})
 	r := Compare(in)
 	if !r.Clean() {

@@ -3,6 +3,7 @@ package check
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/effects"
@@ -199,4 +200,17 @@ func recordWithoutSnapshot(s view.Snapshot) Finding {
 		Cause:   "the snapshot was deleted outside csid (the provider's tools; for the local backend, its files removed by hand), or csid check reads another provider or state directory than the driver uses",
 		Action: "first make sure csid check reads the driver's state directory (--state-dir). If the snapshot is really gone, so is its data: restoring from it fails. " +
 			"Delete the VolumeSnapshot (DeleteSnapshot of a missing snapshot succeeds and removes the record); a repeated CreateSnapshot of the same name takes a new one"}
+}
+
+func filesystemFrozen(f Freeze) Finding {
+	where := "its mount point"
+	if len(f.MountPoints) > 0 {
+		where = strings.Join(f.MountPoints, ", ")
+	}
+	return Finding{Kind: FilesystemFrozen, Disk: f.DiskID, Path: strings.Join(f.MountPoints, ", "),
+		Problem: fmt.Sprintf("the local backend recorded at %s that it froze the filesystem of disk %s (mounted at %s) for a snapshot or a clone, and no snapshot or clone of it is in flight",
+			f.Since.UTC().Format(time.RFC3339), f.DiskID, where),
+		Cause: "csid was killed while it copied the disk with its filesystem frozen: writes to the volume hang until the filesystem is thawed",
+		Action: fmt.Sprintf("start csid (or restart it): it thaws such a filesystem when it opens its state directory, and removes the record. "+
+			"If csid cannot start, thaw it by hand: fsfreeze -u %s", where)}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/kubelet"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/view"
@@ -73,6 +74,8 @@ type Sources struct {
 	CloudNotRead, MountsNotRead string
 	Notes                       []string
 	HostNodes                   []string
+	// Freezes, if set, reads the local backend's freeze records.
+	Freezes func() ([]Freeze, error)
 	// DriverName and KubeletRoot stand in for a record source that does
 	// not say its own (Kubelet nil); an empty KubeletRoot: none.
 	DriverName  string
@@ -126,6 +129,11 @@ func Gather(ctx context.Context, s Sources) (Input, error) {
 			return Input{}, fmt.Errorf("read the loop devices: %w", err)
 		}
 		in.DisksRead, in.DevicesRead = true, true
+		if s.Freezes != nil {
+			if in.Freezes, err = s.Freezes(); err != nil {
+				return Input{}, fmt.Errorf("read the freeze records: %w", err)
+			}
+		}
 		if sl, ok := s.Cloud.(SnapshotLister); ok {
 			if in.Snapshots, err = sl.Snapshots(ctx); err != nil {
 				return Input{}, fmt.Errorf("read the provider's snapshots: %w", err)
@@ -229,4 +237,20 @@ func volDataDriver(path string) string {
 		return ""
 	}
 	return d.DriverName
+}
+
+// LocalFreezes reads the freeze records of a local backend's inspector,
+// for Sources.Freezes.
+func LocalFreezes(insp *local.Inspector) func() ([]Freeze, error) {
+	return func() ([]Freeze, error) {
+		recs, err := insp.Freezes()
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Freeze, len(recs))
+		for i, r := range recs {
+			out[i] = Freeze{DiskID: r.DiskID, MountPoints: r.MountPoints, Since: r.Since}
+		}
+		return out, nil
+	}
 }

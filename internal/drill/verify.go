@@ -51,6 +51,7 @@ func verify(ctx context.Context, dir string, refused []refusal, snapshots bool) 
 	in, err := check.Gather(ctx, check.Sources{
 		Records:     []check.RecordSource{{Name: "csid.db", Mode: string(driver.ModeAll), Source: view.NewStoreSource(st, view.Info{Mode: string(driver.ModeAll)})}},
 		Cloud:       insp,
+		Freezes:     check.LocalFreezes(insp),
 		Mounts:      mounter.New(),
 		HostNodes:   []string{NodeID},
 		DriverName:  driver.DefaultName,
