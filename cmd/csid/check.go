@@ -133,6 +133,7 @@ func (o *checkOptions) run(cmd *cobra.Command) error {
 		return err
 	default:
 		s.Cloud, doc.Cloud = insp, insp.Dir()
+		s.Freezes = check.LocalFreezes(insp)
 		registered, err := insp.Nodes()
 		if err != nil {
 			return err
@@ -213,7 +214,11 @@ func (o *checkOptions) hostNodes(nodes []string) ([]string, error) {
 // printCheck draws csid check's report for people.
 func printCheck(w io.Writer, d checkDoc) error {
 	c := d.Checked
-	fmt.Fprintf(w, "Compared %s, %s, %s and %s of csid.\n", count(c.Volumes, "volume"), count(c.Disks, "disk"), count(c.Devices, "loop device"), count(c.Mounts, "mount"))
+	vols := count(c.Volumes, "volume")
+	if c.Snapshots > 0 {
+		vols += ", " + count(c.Snapshots, "snapshot")
+	}
+	fmt.Fprintf(w, "Compared %s, %s, %s and %s of csid.\n", vols, count(c.Disks, "disk"), count(c.Devices, "loop device"), count(c.Mounts, "mount"))
 	for _, r := range d.Records {
 		fmt.Fprintf(w, "  records: %s\n", r.Name)
 	}

@@ -288,7 +288,7 @@ func TestCheckStateFileElsewhere(t *testing.T) {
 			t.Errorf("the notes do not say %q:\n%s", want, notes)
 		}
 	}
-	if doc.Checked.Volumes != 5 || doc.Records[0].Mode != "all" {
+	if doc.Checked.Volumes != 6 || doc.Records[0].Mode != "all" {
 		t.Errorf("checked %+v from %+v", doc.Checked, doc.Records)
 	}
 }

@@ -48,6 +48,11 @@ func TestInspectGolden(t *testing.T) {
 		{"volume-retrying.txt", []string{"volume", viewtest.Retrying}},
 		{"ops.txt", []string{"ops"}},
 		{"resizes.txt", []string{"resizes"}},
+		{"snapshots.json", []string{"snapshots", "-o", "json"}},
+		{"snapshots.txt", []string{"snapshots"}},
+		{"snapshot.txt", []string{"snapshot", viewtest.Snapshot}},
+		{"snapshot-cutting.json", []string{"snapshot", viewtest.Cutting, "-o", "json"}},
+		{"volume-restored.txt", []string{"volume", viewtest.Restored}},
 	}
 	for _, c := range cases {
 		t.Run(c.golden, func(t *testing.T) {
@@ -121,7 +126,7 @@ func TestInspectJSONFields(t *testing.T) {
 	}
 	var ops view.OpList
 	strict(inspectAt(t, viewtest.T0, "ops", "--limit", "3", "-o", "json", "--db", db), &ops)
-	if len(ops.Ops) != 3 || ops.Ops[0].Seq != 11 {
+	if len(ops.Ops) != 3 || ops.Ops[0].Seq != 14 {
 		t.Errorf("ops --limit 3: %+v", ops.Ops)
 	}
 }

@@ -14,7 +14,8 @@ import (
 )
 
 const inspectLong = `Show what csid knows: each volume's state, how it got there, the op in flight
-on it and why the last one failed, and the deferred resize queue.
+on it and why the last one failed, the deferred resize queue, and the
+snapshots.
 
 csid inspect reads a running csid through its admin socket (read-only, mode
 0600: run it as the user csid runs as), or, with --db, the state file of a
@@ -46,6 +47,10 @@ const inspectExample = `  # every volume of the csid in ./csid-data
   csid inspect ops --failed -o json
   csid inspect resizes
 
+  # the snapshots, and one of them (the VolumeSnapshotContent's snapshotHandle)
+  csid inspect snapshots
+  csid inspect snapshot snap-01a2100e38a2a19a1811
+
   # a stopped csid's state file
   csid inspect volumes --db /var/lib/csid/controller.db`
 
@@ -54,7 +59,7 @@ func newInspect(now func() time.Time) *cobra.Command {
 	in := &inspector{now: now}
 	cmd := &cobra.Command{
 		Use:     "inspect",
-		Short:   "Show volumes, ops and resizes of a running csid, or of a state file",
+		Short:   "Show volumes, ops, resizes and snapshots of a running csid, or of a state file",
 		Long:    inspectLong,
 		Example: inspectExample,
 		Args:    cobra.NoArgs,
@@ -63,7 +68,7 @@ func newInspect(now func() time.Time) *cobra.Command {
 	in.f.define(cmd, pf)
 	pf.StringVarP(&in.output, "output", "o", outTable, "output format: table, json or yaml")
 	_ = cmd.RegisterFlagCompletionFunc("output", fixedCompletion(outputs...))
-	cmd.AddCommand(in.volumesCmd(), in.volumeCmd(), in.opsCmd(), in.resizesCmd())
+	cmd.AddCommand(in.volumesCmd(), in.volumeCmd(), in.opsCmd(), in.resizesCmd(), in.snapshotsCmd(), in.snapshotCmd())
 	return cmd
 }
 
@@ -165,22 +170,24 @@ queued, a volume adopted, a resize dropped).`,
 // opsCmd is `csid inspect ops`.
 func (in *inspector) opsCmd() *cobra.Command {
 	var pending, failed bool
-	var opVolume string
+	var opVolume, opSnapshot string
 	var limit int
 	ops := &cobra.Command{
 		Use:   "ops",
 		Short: "List ops, newest first: pending (queued, retrying, compensating) or failed ones",
-		Long: `List ops, newest first. An op is one accepted transition of one volume: queued
+		Long: `List ops, newest first. An op is one accepted transition of one volume (or one
+snapshot): queued
 (waiting for or running its effect, also while it backs off between
 attempts), compensating (undoing a failed forward op), succeeded or failed.
 --pending shows what is in flight, with its attempts and last error; --failed
 shows what failed, with the gRPC code and message the CO got.`,
 		Example: `  csid inspect ops --pending
   csid inspect ops --failed --limit 20
-  csid inspect ops --volume vol-3f9c2a61d0b84e7a5c11`,
+  csid inspect ops --volume vol-3f9c2a61d0b84e7a5c11
+  csid inspect ops --snapshot snap-01a2100e38a2a19a1811`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			filter := view.OpFilter{Status: view.OpsAll, VolumeID: opVolume, Limit: limit}
+			filter := view.OpFilter{Status: view.OpsAll, VolumeID: opVolume, SnapshotID: opSnapshot, Limit: limit}
 			switch {
 			case pending:
 				filter.Status = view.OpsPending
@@ -208,6 +215,7 @@ shows what failed, with the gRPC code and message the CO got.`,
 	ops.Flags().BoolVar(&pending, "pending", false, "only ops in flight: queued, retrying or compensating (all of them, unless --limit is given)")
 	ops.Flags().BoolVar(&failed, "failed", false, "only failed ops")
 	ops.Flags().StringVar(&opVolume, "volume", "", "only the ops of this volume")
+	ops.Flags().StringVar(&opSnapshot, "snapshot", "", "only the ops of this snapshot")
 	ops.Flags().IntVar(&limit, "limit", 100, "at most this many ops, newest first (0: all that are kept)")
 	ops.MarkFlagsMutuallyExclusive("pending", "failed")
 	_ = ops.RegisterFlagCompletionFunc("volume", in.f.volumeCompletion)
@@ -232,6 +240,52 @@ op grows the disk (running). WAITING FOR says what each one needs.`,
 					return err
 				}
 				return in.show(cmd, l, func(w io.Writer) error { return p.resizes(w, l) })
+			})
+		},
+	}
+}
+
+// snapshotsCmd is `csid inspect snapshots`.
+func (in *inspector) snapshotsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "snapshots",
+		Short: "List snapshots: state, size, source volume, pending op, last op",
+		Long: `List the snapshots csid took, in id order: READY ones (cut; restorable and
+listed to the CO) and ABSENT ones (being cut: their snapshot_create op is in
+flight). A snapshot outlives its source volume.`,
+		Example: `  csid inspect snapshots
+  csid inspect snapshots -o json | jq -r '.snapshots[] | select(.sourceVolumeID == "vol-3f9c2a61d0b84e7a5c11") | .id'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return in.with(cmd, "inspect snapshots", func(ctx context.Context, src *source, p printer) error {
+				l, err := src.Snapshots(ctx)
+				if err != nil {
+					return err
+				}
+				return in.show(cmd, l, func(w io.Writer) error { return p.snapshots(w, l) })
+			})
+		},
+	}
+}
+
+// snapshotCmd is `csid inspect snapshot ID`.
+func (in *inspector) snapshotCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "snapshot ID",
+		Short: "Show one snapshot: its record, history, pending and last op",
+		Example: `  csid inspect snapshot snap-01a2100e38a2a19a1811
+  csid inspect snapshot "$(kubectl get volumesnapshotcontent <name> -o jsonpath='{.status.snapshotHandle}')" -o yaml`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return in.with(cmd, "inspect snapshot "+args[0], func(ctx context.Context, src *source, p printer) error {
+				s, err := src.Snapshot(ctx, args[0])
+				if errors.Is(err, view.ErrNotFound) {
+					return fmt.Errorf("no snapshot %s in %s: csid inspect snapshots lists them (a deleted snapshot has no record; its ops stay for a while: csid inspect ops --snapshot %s)", args[0], src.what, args[0])
+				}
+				if err != nil {
+					return err
+				}
+				return in.show(cmd, s, func(w io.Writer) error { return p.snapshot(w, s) })
 			})
 		},
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -275,6 +276,11 @@ func (p printer) volumeRecord(sh sheet, v view.Volume) {
 		access = append(access, "mount flags "+strings.Join(v.MountFlags, ","))
 	}
 	sh.row("Access:", "%s", strings.Join(access, ", "))
+	if src := v.Source; src != nil && src.SnapshotID != "" {
+		sh.row("Source:", "snapshot %s", src.SnapshotID)
+	} else if src != nil {
+		sh.row("Source:", "volume %s (a clone)", src.VolumeID)
+	}
 	if len(v.Parameters) > 0 {
 		sh.row("Parameters:", "%s", pairs(v.Parameters))
 	}
@@ -394,7 +400,7 @@ func (p printer) ops(w io.Writer, l view.OpList) error {
 		return err
 	}
 	tw := newTab(w)
-	fmt.Fprintln(tw, "OP\tVOLUME\tEVENT\tFROM -> TO\tSTATUS\tATTEMPTS\tCREATED\tAGE\tFINISHED\tDETAIL")
+	fmt.Fprintln(tw, "OP\tVOLUME OR SNAPSHOT\tEVENT\tFROM -> TO\tSTATUS\tATTEMPTS\tCREATED\tAGE\tFINISHED\tDETAIL")
 	for _, o := range l.Ops {
 		detail := ""
 		switch {
@@ -406,7 +412,7 @@ func (p printer) ops(w io.Writer, l view.OpList) error {
 				detail += "; next attempt " + stamp(o.NextAttemptAt)
 			}
 		}
-		fmt.Fprintf(tw, "#%d\t%s\t%s\t%s -> %s\t%s\t%d\t%s\t%s\t%s\t%s\n", o.Seq, o.VolumeID, event(string(o.Event), string(o.Guard)),
+		fmt.Fprintf(tw, "#%d\t%s\t%s\t%s -> %s\t%s\t%d\t%s\t%s\t%s\t%s\n", o.Seq, cmp.Or(o.VolumeID, o.SnapshotID), event(string(o.Event), string(o.Guard)),
 			o.From, o.To, o.Status, o.Attempts, stamp(o.CreatedAt), p.age(o.CreatedAt), stamp(o.FinishedAt), dash(detail))
 	}
 	return tw.Flush()
@@ -429,4 +435,91 @@ func (p printer) resizes(w io.Writer, l view.ResizeList) error {
 			size(r.CurrentBytes), size(r.TargetBytes), r.Status, r.Attempts, stamp(r.QueuedAt), p.age(r.QueuedAt), wait)
 	}
 	return tw.Flush()
+}
+
+// snapshots draws `csid inspect snapshots`.
+func (p printer) snapshots(w io.Writer, l view.SnapshotList) error {
+	if len(l.Snapshots) == 0 {
+		_, err := fmt.Fprintln(w, "No snapshots.")
+		return err
+	}
+	tw := newTab(w)
+	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tSIZE\tSOURCE VOLUME\tCUT\tPENDING OP\tLAST OP")
+	var damaged []view.Snapshot
+	for _, s := range l.Snapshots {
+		state, sz, cut := string(s.State), "-", "-"
+		if s.Damage != "" {
+			state = "DAMAGED"
+			damaged = append(damaged, s)
+		}
+		if s.SizeBytes > 0 {
+			sz = size(s.SizeBytes)
+		}
+		if !s.CutAt.IsZero() {
+			cut = stamp(s.CutAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, dash(s.Name), state, sz, dash(s.SourceVolumeID), cut,
+			p.pendingCell(s.PendingOp), lastCell(s.LastOp))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(damaged) > 0 {
+		fmt.Fprintf(w, "\nDamaged records: csid does not act on these snapshots (their RPCs answer DataLoss); csid check says what to do:\n")
+		for _, s := range damaged {
+			fmt.Fprintf(w, "  %s: %s\n", s.ID, s.Damage)
+		}
+	}
+	return nil
+}
+
+// snapshot draws `csid inspect snapshot ID`: the record, its ops, then the
+// history.
+func (p printer) snapshot(w io.Writer, s view.Snapshot) error {
+	sh := sheet{newTab(w)}
+	sh.row("Snapshot:", "%s", s.ID)
+	if s.Damage != "" {
+		sh.row("DAMAGED:", "%s", s.Damage)
+		sh.more("csid does not act on this snapshot: its RPCs answer DataLoss; csid check says what to do")
+		if s.State == "" {
+			return sh.tw.Flush()
+		}
+	}
+	sh.row("Name:", "%s", dash(s.Name))
+	sh.row("State:", "%s (generation %d)", s.State, s.Generation)
+	sh.row("Source volume:", "%s (disk %s)", dash(s.SourceVolumeID), dash(s.SourceDiskID))
+	if s.CloudID != "" {
+		ready := "ready to use"
+		if !s.ReadyToUse {
+			ready = "not ready yet"
+		}
+		sh.row("Provider snapshot:", "%s in zone %s, %s", s.CloudID, dash(s.Zone), ready)
+		sh.row("Size:", "%s (%d bytes): the smallest volume it restores to", size(s.SizeBytes), s.SizeBytes)
+		sh.row("Cut:", "%s", p.stampAge(s.CutAt))
+	} else {
+		sh.row("Provider snapshot:", "none yet")
+	}
+	if len(s.Parameters) > 0 {
+		sh.row("Parameters:", "%s", pairs(s.Parameters))
+	}
+	sh.row("Created:", "%s", p.stampAge(s.CreatedAt))
+	sh.row("Updated:", "%s", p.stampAge(s.UpdatedAt))
+	if o := s.PendingOp; o != nil {
+		sh.row("Pending op:", "#%d %s %s -> %s, %s since %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.CreatedAt))
+		if o.Attempts > 0 {
+			sh.more("%d failed attempts; last error: %s", o.Attempts, o.LastError)
+		}
+	} else {
+		sh.row("Pending op:", "none")
+	}
+	if o := s.LastOp; o != nil {
+		sh.row("Last op:", "#%d %s %s -> %s %s at %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.FinishedAt))
+		if o.Status == view.StatusFailed {
+			sh.more("%s: %s", o.Code, o.Message)
+		}
+	}
+	if err := sh.tw.Flush(); err != nil {
+		return err
+	}
+	return volumeHistory(w, s.History)
 }

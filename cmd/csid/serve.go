@@ -141,8 +141,8 @@ func parseDeadlines(flag map[string]string) (ops.Deadlines, error) {
 	out := ops.Deadlines{}
 	for k, v := range flag {
 		e := fsm.Event(k)
-		if !slices.Contains(fsm.OpEvents, e) {
-			return nil, fmt.Errorf("--op-deadline: %q is not an operation's event (%v)", k, fsm.OpEvents)
+		if !slices.Contains(fsm.AllOpEvents(), e) {
+			return nil, fmt.Errorf("--op-deadline: %q is not an operation's event (%v)", k, fsm.AllOpEvents())
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
@@ -157,7 +157,7 @@ func parseDeadlines(flag map[string]string) (ops.Deadlines, error) {
 func defaultDeadlines() string {
 	var parts []string
 	d := ops.DefaultDeadlines()
-	for _, e := range fsm.OpEvents {
+	for _, e := range fsm.AllOpEvents() {
 		parts = append(parts, fmt.Sprintf("%s=%v", e, d[e]))
 	}
 	return strings.Join(parts, ",")

@@ -96,6 +96,10 @@ func TestClientMatchesStore(t *testing.T) {
 			func() (any, error) { return src.Ops(ctx, view.OpFilter{Limit: 2, VolumeID: viewtest.Published}) }},
 		{"op", func() (any, error) { return c.Op(ctx, 3) }, func() (any, error) { return src.Op(ctx, 3) }},
 		{"resizes", func() (any, error) { return c.Resizes(ctx) }, func() (any, error) { return src.Resizes(ctx) }},
+		{"snapshots", func() (any, error) { return c.Snapshots(ctx) }, func() (any, error) { return src.Snapshots(ctx) }},
+		{"snapshot", func() (any, error) { return c.Snapshot(ctx, viewtest.Snapshot) }, func() (any, error) { return src.Snapshot(ctx, viewtest.Snapshot) }},
+		{"ops of a snapshot", func() (any, error) { return c.Ops(ctx, view.OpFilter{SnapshotID: viewtest.Cutting}) },
+			func() (any, error) { return src.Ops(ctx, view.OpFilter{SnapshotID: viewtest.Cutting}) }},
 		{"damaged", func() (any, error) { return c.Damaged(ctx) }, func() (any, error) { return src.Damaged(ctx) }},
 		{"info", func() (any, error) { return c.Info(ctx) }, func() (any, error) { return src.Info(ctx) }},
 	}
@@ -127,6 +131,9 @@ func TestErrors(t *testing.T) {
 	}
 	if _, err := c.Volume(ctx, "a/b?c"); !errors.Is(err, view.ErrNotFound) || !strings.Contains(err.Error(), "a/b?c") {
 		t.Errorf("odd volume id: %v, want ErrNotFound naming it", err)
+	}
+	if _, err := c.Snapshot(ctx, "snap-nope"); !errors.Is(err, view.ErrNotFound) {
+		t.Errorf("unknown snapshot: %v, want ErrNotFound", err)
 	}
 	if _, err := c.Op(ctx, 999); !errors.Is(err, view.ErrNotFound) {
 		t.Errorf("unknown op: %v, want ErrNotFound", err)

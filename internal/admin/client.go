@@ -85,6 +85,9 @@ func (c *Client) Ops(ctx context.Context, f view.OpFilter) (out view.OpList, err
 	if f.VolumeID != "" {
 		q.Set("volume", f.VolumeID)
 	}
+	if f.SnapshotID != "" {
+		q.Set("snapshot", f.SnapshotID)
+	}
 	if f.Limit != 0 {
 		q.Set("limit", strconv.Itoa(f.Limit))
 	}
@@ -99,6 +102,16 @@ func (c *Client) Op(ctx context.Context, seq uint64) (out view.Op, err error) {
 // Resizes lists the resize queue; see view.Source.
 func (c *Client) Resizes(ctx context.Context) (out view.ResizeList, err error) {
 	return out, c.get(ctx, "/v1/resizes", nil, &out)
+}
+
+// Snapshots lists the snapshots; see view.Source.
+func (c *Client) Snapshots(ctx context.Context) (out view.SnapshotList, err error) {
+	return out, c.get(ctx, "/v1/snapshots", nil, &out)
+}
+
+// Snapshot returns one snapshot; see view.Source.
+func (c *Client) Snapshot(ctx context.Context, id string) (out view.Snapshot, err error) {
+	return out, c.get(ctx, "/v1/snapshots/"+url.PathEscape(id), nil, &out)
 }
 
 // Damaged lists the damaged records; see view.Source.

@@ -9,9 +9,11 @@
 //	GET /v1/info                 which csid this is (mode, node, state file, pid, version)
 //	GET /v1/volumes              {"volumes": [...]}; ?state=PUBLISHED&node=node-1 filter
 //	GET /v1/volumes/{id}         one volume with its history; 404 when unknown
-//	GET /v1/ops                  {"ops": [...]}, newest first; ?status=pending|failed&volume=ID&limit=N
+//	GET /v1/ops                  {"ops": [...]}, newest first; ?status=pending|failed&volume=ID&snapshot=ID&limit=N
 //	GET /v1/ops/{seq}            one op; 404 when unknown or pruned
 //	GET /v1/resizes              {"resizes": [...]}: the deferred resize queue
+//	GET /v1/snapshots            {"snapshots": [...]}
+//	GET /v1/snapshots/{id}       one snapshot with its history; 404 when unknown
 //	GET /v1/damaged              {"records": [...]}: records that fail their checksum (reads every record)
 //	GET /v1/backup               a consistent copy of the state file (application/octet-stream)
 //
@@ -56,10 +58,12 @@ func Handler(src view.Source, log zerolog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/ops", h.ops)
 	mux.HandleFunc("GET /v1/ops/{seq}", h.op)
 	mux.HandleFunc("GET /v1/resizes", h.resizes)
+	mux.HandleFunc("GET /v1/snapshots", h.snapshots)
+	mux.HandleFunc("GET /v1/snapshots/{id}", h.snapshot)
 	mux.HandleFunc("GET /v1/damaged", h.damaged)
 	mux.HandleFunc("GET /v1/backup", h.backup)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no such path %s: see GET /v1/volumes, /v1/volumes/{id}, /v1/ops, /v1/ops/{seq}, /v1/resizes, /v1/damaged, /v1/backup, /v1/info", r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Errorf("no such path %s: see GET /v1/volumes, /v1/volumes/{id}, /v1/ops, /v1/ops/{seq}, /v1/resizes, /v1/snapshots, /v1/snapshots/{id}, /v1/damaged, /v1/backup, /v1/info", r.URL.Path))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -108,7 +112,7 @@ func (h *handler) volume(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) ops(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := view.OpFilter{Status: view.OpSelect(q.Get("status")), VolumeID: q.Get("volume")}
+	f := view.OpFilter{Status: view.OpSelect(q.Get("status")), VolumeID: q.Get("volume"), SnapshotID: q.Get("snapshot")}
 	if err := view.CheckOpSelect(f.Status); err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return
@@ -137,6 +141,16 @@ func (h *handler) op(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) resizes(w http.ResponseWriter, r *http.Request) {
 	out, err := h.src.Resizes(r.Context())
+	reply(w, out, err)
+}
+
+func (h *handler) snapshots(w http.ResponseWriter, r *http.Request) {
+	out, err := h.src.Snapshots(r.Context())
+	reply(w, out, err)
+}
+
+func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) {
+	out, err := h.src.Snapshot(r.Context(), r.PathValue("id"))
 	reply(w, out, err)
 }
 

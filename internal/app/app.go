@@ -157,12 +157,13 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	eng := ops.New(ops.Config{Store: st, Executors: sd.execs, NodeID: sd.nodeID, Adopt: sd.adopt, Confirm: effects.Confirmer(sd.ctrl, sd.node),
-		Forget: o.Mode == driver.ModeNode, Workers: o.Workers, Deadlines: o.Deadlines,
+		ConfirmSnapshot: sd.confirmSnapshot(),
+		Forget:          o.Mode == driver.ModeNode, Workers: o.Workers, Deadlines: o.Deadlines,
 		DrainTimeout: o.ShutdownTimeout, Log: log.With().Str("component", "ops").Logger(), Observer: ob.opsObserver()})
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
 		Controller: controllerBackend{p.cloud}, Node: nodeBackend{cloud: p.cloud, mounter: p.mounter, nodeID: o.NodeID},
-		Topology: len(p.cloud.Zones()) > 0, KubeletRoot: o.KubeletRoot})
+		Topology: len(p.cloud.Zones()) > 0, Snapshots: takesSnapshots(p.cloud), KubeletRoot: o.KubeletRoot})
 	if err != nil {
 		return err
 	}
@@ -258,6 +259,22 @@ type sides struct {
 	node   *effects.Node
 	adopt  ops.Adopter
 	nodeID string
+}
+
+// takesSnapshots reports whether the backend takes snapshots and creates
+// disks from sources.
+func takesSnapshots(c cloud.Cloud) bool {
+	_, ok := c.(cloud.Snapshotter)
+	return ok
+}
+
+// confirmSnapshot is the controller's check of a snapshot at the provider,
+// nil without a controller.
+func (sd sides) confirmSnapshot() func(context.Context, *store.Snapshot) (string, error) {
+	if sd.ctrl == nil {
+		return nil
+	}
+	return sd.ctrl.ConfirmSnapshot()
 }
 
 // newSides builds the sides of o.Mode on provider p; a node registers

@@ -248,10 +248,16 @@ func malformedRows(f malformedFixture) []malformed {
 		{name: "empty mount flag", req: &csi.CreateVolumeRequest{Name: "m-flag", VolumeCapabilities: []*csi.VolumeCapability{badFlag}}, code: IA, msg: "mount flag"},
 		{name: "unknown parameter", req: &csi.CreateVolumeRequest{Name: "m-param", VolumeCapabilities: caps, Parameters: map[string]string{"tier": "gold"}}, code: IA, msg: `unknown parameter "tier"`},
 		{name: "parameters over 4 KiB", req: &csi.CreateVolumeRequest{Name: "m-params5k", VolumeCapabilities: caps, Parameters: params5k}, code: IA, msg: "at most 4096"},
-		{name: "snapshot source", req: &csi.CreateVolumeRequest{Name: "m-snap", VolumeCapabilities: caps, VolumeContentSource: &csi.VolumeContentSource{
-			Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "snap-1"}}}}, code: IA, msg: "snapshots"},
-		{name: "volume source", req: &csi.CreateVolumeRequest{Name: "m-clone", VolumeCapabilities: caps, VolumeContentSource: &csi.VolumeContentSource{
-			Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: realID}}}}, code: IA, msg: "other volumes"},
+		{name: "snapshot source csid never gave", req: &csi.CreateVolumeRequest{Name: "m-snap", VolumeCapabilities: caps, VolumeContentSource: &csi.VolumeContentSource{
+			Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "snap-1"}}}}, code: NF, msg: "snapshot snap-1 does not exist"},
+		{name: "snapshot source without an id", req: &csi.CreateVolumeRequest{Name: "m-snap", VolumeCapabilities: caps, VolumeContentSource: &csi.VolumeContentSource{
+			Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{}}}}, code: IA, msg: "snapshot_id is required"},
+		{name: "volume source without an id", req: &csi.CreateVolumeRequest{Name: "m-clone", VolumeCapabilities: caps, VolumeContentSource: &csi.VolumeContentSource{
+			Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{}}}}, code: IA, msg: "volume_id is required"},
+		{name: "volume source with a path", req: &csi.CreateVolumeRequest{Name: "m-clone", VolumeCapabilities: caps, VolumeContentSource: &csi.VolumeContentSource{
+			Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "../" + realID}}}}, code: NF, msg: "does not exist"},
+		{name: "empty content source", req: &csi.CreateVolumeRequest{Name: "m-clone", VolumeCapabilities: caps, VolumeContentSource: &csi.VolumeContentSource{}},
+			code: IA, msg: "neither a snapshot nor a volume"},
 		{name: "mutable parameters", req: &csi.CreateVolumeRequest{Name: "m-mutable", VolumeCapabilities: caps, MutableParameters: map[string]string{"iops": "1000"}}, code: IA, msg: "mutable parameters"},
 		{name: "1 EiB", req: &csi.CreateVolumeRequest{Name: "m-eib", VolumeCapabilities: caps, CapacityRange: size(eib, 0)}, code: codes.OutOfRange, msg: "largest volume"},
 		{name: "beyond the backend's largest disk", req: &csi.CreateVolumeRequest{Name: "m-9tib", VolumeCapabilities: caps, CapacityRange: size(9<<40, 0)}, code: codes.OutOfRange, msg: "largest volume this backend holds (8796093022208 bytes)"},
@@ -334,11 +340,19 @@ func malformedRows(f malformedFixture) []malformed {
 		{name: "fake-vol-id", req: &csi.ControllerGetVolumeRequest{VolumeId: fakeID}, code: NF, msg: fakeID},
 		{name: "1000-byte volume_id", req: &csi.ControllerGetVolumeRequest{VolumeId: strings.Repeat("v", 1000)}, code: NF, msg: "does not exist"},
 
+		// Snapshots.
+		{name: "no name", req: &csi.CreateSnapshotRequest{SourceVolumeId: realID}, code: IA, msg: "name is required"},
+		{name: "no source", req: &csi.CreateSnapshotRequest{Name: "m-snap"}, code: IA, msg: "source_volume_id is required"},
+		{name: "a source path", req: &csi.CreateSnapshotRequest{Name: "m-snap", SourceVolumeId: "/etc/" + realID}, code: NF, msg: "does not exist"},
+		{name: "unknown parameter", req: &csi.CreateSnapshotRequest{Name: "m-snap", SourceVolumeId: realID, Parameters: map[string]string{"tier": "gold"}},
+			code: IA, msg: `unknown parameter "tier"`},
+		{name: "no snapshot_id", req: &csi.DeleteSnapshotRequest{}, code: IA, msg: "snapshot_id is required"},
+		{name: "negative max_entries", req: &csi.ListSnapshotsRequest{MaxEntries: -1}, code: IA, msg: "max_entries"},
+		{name: "foreign token", req: &csi.ListSnapshotsRequest{StartingToken: "../x"}, code: codes.Aborted, msg: "starting_token"},
+		{name: "no snapshot_id", req: &csi.GetSnapshotRequest{}, code: IA, msg: "snapshot_id is required"},
+		{name: "a snapshot path", req: &csi.GetSnapshotRequest{SnapshotId: "../" + randomID}, code: NF, msg: "does not exist"},
+
 		// What csid does not claim is Unimplemented, malformed or not.
-		{name: "not claimed", req: &csi.CreateSnapshotRequest{}, code: codes.Unimplemented, msg: "CreateSnapshot"},
-		{name: "not claimed", req: &csi.DeleteSnapshotRequest{}, code: codes.Unimplemented, msg: "DeleteSnapshot"},
-		{name: "not claimed", req: &csi.ListSnapshotsRequest{MaxEntries: -1}, code: codes.Unimplemented, msg: "ListSnapshots"},
-		{name: "not claimed", req: &csi.GetSnapshotRequest{}, code: codes.Unimplemented, msg: "GetSnapshot"},
 		{name: "not claimed", req: &csi.ControllerModifyVolumeRequest{VolumeId: realID, MutableParameters: map[string]string{"XXX_FakeKey": "x"}}, code: codes.Unimplemented, msg: "ControllerModifyVolume"},
 		{name: "not claimed", req: &csi.ControllerGetVolumeHealthRequest{}, code: codes.Unimplemented, msg: "ControllerGetVolumeHealth"},
 		{name: "not claimed", req: &csi.ControllerListVolumeHealthRequest{StartingToken: "invalid-token"}, code: codes.Unimplemented, msg: "ControllerListVolumeHealth"},

@@ -226,7 +226,7 @@ func TestMetricsAfterLifecycle(t *testing.T) {
 		fsm.Expand: {2, 0}, fsm.Delete: {1, 0}, fsm.NodeExpand: {0, 0},
 	}
 	durations := m.counts("csid_op_duration_seconds", false, "event")
-	for _, e := range fsm.OpEvents {
+	for _, e := range fsm.AllOpEvents() {
 		w := wantOps[e]
 		if got := m.value(t, "csid_ops_total", "event="+string(e), "outcome=succeeded"); got != w[0] {
 			t.Errorf("csid_ops_total{event=%s,outcome=succeeded} = %v, want %v", e, got, w[0])
@@ -286,12 +286,51 @@ func checkSeriesFromTheStart(t *testing.T, m families) {
 	}
 	for _, family := range []string{"csid_op_duration_seconds", "csid_op_retries_total", "csid_op_waits_total", "csid_ops_active"} {
 		got := m.counts(family, false, "event")
-		for _, e := range fsm.OpEvents {
+		for _, e := range fsm.AllOpEvents() {
 			if _, ok := got[string(e)]; !ok {
 				t.Errorf("%s{event=%s} is missing before the first op", family, e)
 			}
 		}
 	}
+	for _, st := range fsm.SnapshotStates {
+		if got := m.value(t, "csid_snapshots", "state="+string(st)); got != 0 {
+			t.Errorf("csid_snapshots{state=%s} = %v before the first snapshot", st, got)
+		}
+	}
+}
+
+// TestSnapshotMetrics: csid_snapshots counts the snapshots by state, and
+// the op counters count snapshot_create and snapshot_delete by outcome,
+// each series at zero from the start.
+func TestSnapshotMetrics(t *testing.T) {
+	f := fake.New(fake.Options{Zones: []string{"fake"}})
+	c, base := startObserved(t, f)
+	ctx := context.Background()
+	checkSeriesFromTheStart(t, scrape(t, base))
+	id := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "observed", CapacityRange: capRange(64 << 20),
+		VolumeCapabilities: []*csi.VolumeCapability{apptest.MountCap("ext4")}})).Must(t).Volume.VolumeId
+	f.FailCalls(cloud.OpSnapshot, 1, fmt.Errorf("injected: %w", cloud.ErrLimitReached))
+	_, err := c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: id})
+	wantCode(t, err, codes.ResourceExhausted)
+	snap := apptest.R(c.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: id})).Must(t).Snapshot
+	m := scrape(t, base)
+	for want, n := range map[[2]string]float64{{"snapshot_create", "succeeded"}: 1, {"snapshot_create", "failed"}: 1, {"snapshot_delete", "succeeded"}: 0} {
+		if got := m.value(t, "csid_ops_total", "event="+want[0], "outcome="+want[1]); got != n {
+			t.Errorf("csid_ops_total{event=%s,outcome=%s} = %v, want %v", want[0], want[1], got, n)
+		}
+	}
+	if got := m.value(t, "csid_snapshots", "state=READY"); got != 1 {
+		t.Errorf("csid_snapshots{state=READY} = %v after one snapshot", got)
+	}
+	apptest.R(c.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.SnapshotId})).Must(t)
+	m = scrape(t, base)
+	if got := m.value(t, "csid_snapshots", "state=READY"); got != 0 {
+		t.Errorf("csid_snapshots{state=READY} = %v after the delete", got)
+	}
+	if got := m.value(t, "csid_ops_total", "event=snapshot_delete", "outcome=succeeded"); got != 1 {
+		t.Errorf("csid_ops_total{event=snapshot_delete,outcome=succeeded} = %v", got)
+	}
+	checkDocumented(t, m)
 }
 
 // wantStates checks csid_volumes: one volume in state want ("" for none),

@@ -17,20 +17,22 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// TestSanity runs the CSI sanity suite (csi-test v5) twice against real
-// csid processes on the local backend (sparse files, loop devices, mkfs,
-// mounts): once with mount volumes, once with raw block volumes. Every
-// skipped spec is logged with csi-test's reason, and each reason must name
-// a capability csid does not claim (unclaimed), so a capability lost by
-// mistake fails the test. Afterwards no loop device and no mount may be
-// left.
+// TestSanity runs the CSI sanity suite (csi-test v5) against real csid
+// processes on the local backend (sparse files, loop devices, mkfs,
+// mounts) and on the fake backend (the fake cloud, the fake mounter): each
+// once with mount volumes, once with raw block volumes, the snapshot and
+// clone specs included. Every skipped spec is logged with csi-test's
+// reason, and each reason must name a capability csid does not claim
+// (unclaimed), so a capability lost by mistake fails the test. Afterwards
+// no loop device and no mount may be left.
 func TestSanity(t *testing.T) {
 	testutil.RequireRoot(t)
 	const attachLimit = 4
 	configs := map[string]*sanity.TestConfig{}
 	instances := map[string]*apptest.Instance{}
-	for _, access := range []string{"mount", "block"} {
-		in := apptest.Start(t, app.Options{Cloud: "local", MaxVolumesPerNode: attachLimit, Log: zerolog.Nop()})
+	for _, run := range sanityRuns {
+		backend, access, _ := strings.Cut(run, "/")
+		in := apptest.Start(t, app.Options{Cloud: backend, MaxVolumesPerNode: attachLimit, Log: zerolog.Nop()})
 		cfg := sanity.NewTestConfig()
 		cfg.Address = in.Socket
 		cfg.TargetPath = filepath.Join(in.Dir, "target")
@@ -40,12 +42,13 @@ func TestSanity(t *testing.T) {
 		cfg.TestVolumeExpandSize = 96 << 20
 		cfg.IdempotentCount = 3
 		cfg.TestNodeVolumeAttachLimit = true
-		configs[access], instances[access] = &cfg, in
+		configs[run], instances[run] = &cfg, in
 	}
 	var contexts []*sanity.TestContext
-	for _, access := range []string{"mount", "block"} {
-		ginkgo.Describe("access type "+access, func() {
-			contexts = append(contexts, sanity.GinkgoTest(configs[access]))
+	for _, run := range sanityRuns {
+		backend, access, _ := strings.Cut(run, "/")
+		ginkgo.Describe(backend+" backend, access type "+access, func() {
+			contexts = append(contexts, sanity.GinkgoTest(configs[run]))
 		})
 	}
 	var skipped []string
@@ -73,17 +76,22 @@ func TestSanity(t *testing.T) {
 	if !ok {
 		return
 	}
-	for access, in := range instances {
+	for run, in := range instances {
 		in.Stop(t)
-		checkNothingLeft(t, access, in.Dir)
+		checkNothingLeft(t, run, in.Dir)
 	}
 }
 
+// sanityRuns are the backends and access types the suite runs with.
+var sanityRuns = []string{"local/mount", "local/block", "fake/mount", "fake/block"}
+
 // unclaimed are the capabilities csid does not claim, as csi-test's skip
 // reasons name them (lower case): a spec skipped for anything else fails.
+// Snapshots and clones are claimed (both backends take them): a snapshot
+// or clone spec skipped fails.
 var unclaimed = []string{
-	"snapshot", "groupcontrollerservice", "modify volume", "controllermodifyvolume",
-	"volume cloning", "volumehealth", "storagehealth", "listvolumehealth",
+	"groupcontrollerservice", "modify volume", "controllermodifyvolume",
+	"volumehealth", "storagehealth", "listvolumehealth",
 	"readonly field not supported", "single node multi writer",
 }
 

@@ -22,6 +22,9 @@
 //	loop-device-unaccounted  a loop device of the state directory's disks that no attached volume explains
 //	mount-unaccounted        a mount of csid's (in its kubelet directories, or of its devices) that no record explains
 //	mount-missing            a record says staged or published at a path where nothing is mounted
+//	snapshot-without-record  the provider has a snapshot no record names
+//	record-without-snapshot  a record names a provider snapshot the provider does not have
+//	filesystem-frozen        a freeze record of the local backend that no snapshot or clone in flight explains
 package check
 
 import (
@@ -32,6 +35,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/effects"
@@ -54,22 +58,26 @@ const (
 	LoopDeviceUnaccounted Kind = "loop-device-unaccounted"
 	MountUnaccounted      Kind = "mount-unaccounted"
 	MountMissing          Kind = "mount-missing"
+	SnapshotWithoutRecord Kind = "snapshot-without-record"
+	RecordWithoutSnapshot Kind = "record-without-snapshot"
+	FilesystemFrozen      Kind = "filesystem-frozen"
 )
 
 // Kinds lists every kind, in report order.
 var Kinds = []Kind{RecordDamaged, DeviceMismatch, DiskWithoutVolume, VolumeWithoutDisk, AttachmentUnknown, AttachmentMissing,
-	LoopDeviceUnaccounted, MountUnaccounted, MountMissing}
+	LoopDeviceUnaccounted, MountUnaccounted, MountMissing, SnapshotWithoutRecord, RecordWithoutSnapshot, FilesystemFrozen}
 
 // Finding is one disagreement between records, cloud and host.
 type Finding struct {
 	Kind Kind `json:"kind"`
-	// Volume, Disk, Node, Device, Path and Record are what the finding is about
-	// (those that apply).
-	Volume string `json:"volume,omitempty"`
-	Disk   string `json:"disk,omitempty"`
-	Node   string `json:"node,omitempty"`
-	Device string `json:"device,omitempty"`
-	Path   string `json:"path,omitempty"`
+	// Volume, Snapshot, Disk, Node, Device, Path and Record are what the
+	// finding is about (those that apply).
+	Volume   string `json:"volume,omitempty"`
+	Snapshot string `json:"snapshot,omitempty"`
+	Disk     string `json:"disk,omitempty"`
+	Node     string `json:"node,omitempty"`
+	Device   string `json:"device,omitempty"`
+	Path     string `json:"path,omitempty"`
 	// Record is a damaged record: bucket/key in the state file.
 	Record string `json:"record,omitempty"`
 	// Problem says what disagrees, Cause what most likely led there, Action
@@ -89,6 +97,8 @@ type Store struct {
 	// is staged and published.
 	Mode    string        `json:"mode"`
 	Volumes []view.Volume `json:"-"`
+	// Snapshots are a controller's snapshot records.
+	Snapshots []view.Snapshot `json:"-"`
 	// Damaged are the records that fail their checksum.
 	Damaged []view.DamagedRecord `json:"-"`
 }
@@ -110,6 +120,13 @@ type Input struct {
 	// DisksRead says whether Disks is the cloud's list of disks.
 	DisksRead bool
 	Disks     []cloud.Disk
+	// SnapshotsRead says whether Snapshots is the provider's list of
+	// snapshots (a cloud that takes none has none to read).
+	SnapshotsRead bool
+	Snapshots     []cloud.Snapshot
+	// Freezes are the local backend's freeze records (Sources.Freezes):
+	// filesystems a snapshot or clone froze for its copy.
+	Freezes []Freeze
 	// DevicesRead says whether Devices holds the host's loop devices of
 	// the cloud's disks: by disk id, each disk's in device-number order
 	// (csid uses the first; a second one is a leak).
@@ -151,10 +168,11 @@ type Report struct {
 
 // Counts are the sizes of the inputs.
 type Counts struct {
-	Volumes int `json:"volumes"`
-	Disks   int `json:"disks"`
-	Devices int `json:"loopDevices"`
-	Mounts  int `json:"mounts"`
+	Volumes   int `json:"volumes"`
+	Snapshots int `json:"snapshots,omitempty"`
+	Disks     int `json:"disks"`
+	Devices   int `json:"loopDevices"`
+	Mounts    int `json:"mounts"`
 }
 
 // Clean reports whether nothing was found.
@@ -226,6 +244,8 @@ func Compare(in Input) Report {
 	}
 	c.damaged()
 	c.disks()
+	c.snapshots()
+	c.freezes()
 	c.devices()
 	c.mounts()
 	c.identities()
@@ -240,7 +260,8 @@ func Compare(in Input) Report {
 		if d := cmp.Compare(slices.Index(Kinds, a.Kind), slices.Index(Kinds, b.Kind)); d != 0 {
 			return d
 		}
-		return cmp.Or(cmp.Compare(a.Volume, b.Volume), cmp.Compare(a.Disk, b.Disk), cmp.Compare(a.Device, b.Device), cmp.Compare(a.Path, b.Path))
+		return cmp.Or(cmp.Compare(a.Volume, b.Volume), cmp.Compare(a.Snapshot, b.Snapshot), cmp.Compare(a.Disk, b.Disk),
+			cmp.Compare(a.Device, b.Device), cmp.Compare(a.Path, b.Path))
 	})
 	return c.out
 }
@@ -609,6 +630,13 @@ func Changed(before, after []Store) map[string]bool {
 				}
 				out[s.Name+"\x00"+v.ID] = m
 			}
+			for _, sn := range s.Snapshots {
+				m := mark{state: sn.State, gen: sn.Generation}
+				if sn.PendingOp != nil {
+					m.op = sn.PendingOp.Seq
+				}
+				out[s.Name+"\x00"+sn.ID] = m
+			}
 		}
 		return out
 	}
@@ -625,4 +653,79 @@ func Changed(before, after []Store) map[string]bool {
 		}
 	}
 	return out
+}
+
+// snapshots compares the provider's snapshots with the controller's
+// snapshot records. A snapshot with an op in flight (being cut or
+// deleted), or whose record changed while check ran, is left out.
+func (c *comparison) snapshots() {
+	var recs []view.Snapshot
+	for _, s := range c.in.Stores {
+		recs = append(recs, s.Snapshots...)
+	}
+	c.out.Checked.Snapshots = len(recs)
+	if !c.in.SnapshotsRead {
+		if len(recs) > 0 {
+			c.note("the provider's snapshots were not read: snapshot records are not compared with them")
+		}
+		return
+	}
+	byCloud, byID := map[string]view.Snapshot{}, map[string]view.Snapshot{}
+	for _, s := range recs {
+		byID[s.ID] = s
+		if s.CloudID != "" {
+			byCloud[s.CloudID] = s
+		}
+	}
+	busy := func(id string) bool {
+		s, ok := byID[id]
+		return c.in.Changing[id] || (ok && (s.PendingOp != nil || s.Damage != ""))
+	}
+	have := map[string]bool{}
+	for _, cs := range c.in.Snapshots {
+		have[cs.ID] = true
+		owner := cs.Tags[effects.TagSnapshotID]
+		if _, ok := byCloud[cs.ID]; ok || (owner != "" && busy(owner)) {
+			continue
+		}
+		c.add(snapshotWithoutRecord(cs, owner))
+	}
+	for _, s := range recs {
+		if s.State != fsm.Ready || s.CloudID == "" || busy(s.ID) || have[s.CloudID] {
+			continue
+		}
+		c.add(recordWithoutSnapshot(s))
+	}
+}
+
+// Freeze is a freeze record of the local backend: the filesystems of a
+// disk that a snapshot or a clone froze for its copy.
+type Freeze struct {
+	DiskID      string    `json:"diskID"`
+	MountPoints []string  `json:"mountPoints,omitempty"`
+	Since       time.Time `json:"since"`
+}
+
+// freezes reports the freeze records that no snapshot or clone in flight
+// explains: a csid killed while it copied a disk with its filesystem
+// frozen (csid thaws it when it opens its state directory again).
+func (c *comparison) freezes() {
+	busy := map[string]bool{} // disks a snapshot or clone in flight copies
+	for _, s := range c.in.Stores {
+		for _, sn := range s.Snapshots {
+			if sn.PendingOp != nil {
+				busy[sn.SourceDiskID] = true
+			}
+		}
+		for _, v := range s.Volumes {
+			if v.PendingOp != nil && v.Source != nil && v.Source.VolumeID != "" {
+				busy[c.ctrl[v.Source.VolumeID].DiskID] = true
+			}
+		}
+	}
+	for _, f := range c.in.Freezes {
+		if !busy[f.DiskID] {
+			c.add(filesystemFrozen(f))
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/effects"
@@ -27,19 +28,31 @@ func disk(id, vol, node string) cloud.Disk {
 	return d
 }
 
-// healthy is one volume published on node-1 and one created, everything in
-// agreement.
+// csnap is a provider snapshot csid took as snapshot id of volume vol.
+func csnap(cloudID, id, vol string) cloud.Snapshot {
+	s := cloud.Snapshot{ID: cloudID, Name: id, SourceDiskID: "disk-2", SizeBytes: 1 << 30, Ready: true}
+	if id != "" {
+		s.Tags = map[string]string{effects.TagSnapshotID: id, effects.TagSourceVolume: vol}
+	}
+	return s
+}
+
+// healthy is one volume published on node-1 and one created with a
+// snapshot, everything in agreement.
 func healthy() Input {
 	pub := view.Volume{ID: "vol-pub", DiskID: "disk-1", State: fsm.Published, Node: "node-1", StagingPath: staging,
 		Targets: []view.Target{{Path: target}}, Generation: 4}
 	created := view.Volume{ID: "vol-new", DiskID: "disk-2", State: fsm.Created, Generation: 1}
 	return Input{
-		Stores:      []Store{{Name: "all.sock", Mode: "all", Volumes: []view.Volume{pub, created}}},
-		DisksRead:   true,
-		Disks:       []cloud.Disk{disk("disk-1", "vol-pub", "node-1"), disk("disk-2", "vol-new", "")},
-		DevicesRead: true,
-		Devices:     map[string][]string{"disk-1": {"/dev/loop3"}},
-		MountsRead:  true,
+		Stores: []Store{{Name: "all.sock", Mode: "all", Volumes: []view.Volume{pub, created},
+			Snapshots: []view.Snapshot{{ID: "snap-1", State: fsm.Ready, SourceVolumeID: "vol-new", CloudID: "csnap-1", Generation: 1}}}},
+		DisksRead:     true,
+		Disks:         []cloud.Disk{disk("disk-1", "vol-pub", "node-1"), disk("disk-2", "vol-new", "")},
+		SnapshotsRead: true,
+		Snapshots:     []cloud.Snapshot{csnap("csnap-1", "snap-1", "vol-new")},
+		DevicesRead:   true,
+		Devices:       map[string][]string{"disk-1": {"/dev/loop3"}},
+		MountsRead:    true,
 		Mounts: []Mount{
 			{MountPoint: mounter.MountPoint{Device: "/dev/sda1", Path: "/", Type: "ext4"}},
 			{MountPoint: mounter.MountPoint{Device: "tmpfs", Path: root + "/pods/uid-9/volumes/kubernetes.io~projected/token", Type: "tmpfs"}},
@@ -68,7 +81,7 @@ func TestCleanIsClean(t *testing.T) {
 	if !r.Clean() || len(r.Notes) != 0 {
 		t.Fatalf("a healthy system: findings %+v, notes %q", r.Findings, r.Notes)
 	}
-	if r.Checked != (Counts{Volumes: 2, Disks: 2, Devices: 1, Mounts: 3}) {
+	if r.Checked != (Counts{Volumes: 2, Snapshots: 1, Disks: 2, Devices: 1, Mounts: 3}) {
 		t.Errorf("checked %+v", r.Checked)
 	}
 }
@@ -133,6 +146,15 @@ func TestEachFinding(t *testing.T) {
 			otherAttached(in)
 			in.Stores[0].Volumes[0].Device = "/dev/loop7"
 		}, []Kind{DeviceMismatch}, "staged from /dev/loop7 as its record says, and /dev/loop7 is bound to disk disk-2 (volume vol-new); its disk's device is now /dev/loop3"},
+		{"a snapshot no record names", func(in *Input) { in.Snapshots = append(in.Snapshots, csnap("csnap-9", "snap-gone", "vol-new")) },
+			[]Kind{SnapshotWithoutRecord}, "csnap-9"},
+		{"a snapshot csid did not take", func(in *Input) { in.Snapshots = append(in.Snapshots, csnap("csnap-9", "", "")) },
+			[]Kind{SnapshotWithoutRecord}, "no csid record"},
+		{"a record whose snapshot is gone", func(in *Input) { in.Snapshots = nil },
+			[]Kind{RecordWithoutSnapshot}, "csnap-1"},
+		{"a filesystem left frozen", func(in *Input) {
+			in.Freezes = []Freeze{{DiskID: "disk-1", MountPoints: []string{staging}, Since: time.Unix(1e9, 0)}}
+		}, []Kind{FilesystemFrozen}, "froze the filesystem of disk disk-1 (mounted at " + staging},
 		{"a staging path with nothing mounted", func(in *Input) { in.Mounts = slices.Delete(in.Mounts, 2, 3) },
 			[]Kind{MountMissing}, "staging path"},
 		{"a target with nothing mounted", func(in *Input) { in.Mounts = slices.Delete(in.Mounts, 3, 4) },
@@ -175,6 +197,14 @@ func TestInFlightIsLeftOut(t *testing.T) {
 		PendingOp: &view.Op{Seq: 8, Event: fsm.Create, Status: view.StatusQueued}})
 	in.Mounts = slices.Delete(in.Mounts, 3, 4) // an unpublish that changed the record meanwhile
 	in.Changing = map[string]bool{"vol-pub": true}
+	// A snapshot being cut: the provider has it, its record has no cloud
+	// id yet; one being deleted: its record is READY, the provider's is gone.
+	in.Snapshots = append(in.Snapshots, csnap("csnap-2", "snap-cutting", "vol-new"))
+	// Its freeze is the cut's, in flight.
+	in.Freezes = []Freeze{{DiskID: "disk-2", MountPoints: []string{"/mnt/x"}}}
+	in.Stores[0].Snapshots = append(in.Stores[0].Snapshots,
+		view.Snapshot{ID: "snap-cutting", State: fsm.Absent, SourceDiskID: "disk-2", PendingOp: &view.Op{Seq: 9, Event: fsm.SnapshotCreate, Status: view.StatusQueued}},
+		view.Snapshot{ID: "snap-deleting", State: fsm.Ready, CloudID: "csnap-3", PendingOp: &view.Op{Seq: 10, Event: fsm.SnapshotDelete, Status: view.StatusQueued}})
 	r := Compare(in)
 	if !r.Clean() {
 		t.Fatalf("findings about volumes in flight: %+v", r.Findings)
@@ -232,7 +262,8 @@ func TestSplitShape(t *testing.T) {
 	all := in.Stores[0].Volumes
 	ctrl := []view.Volume{all[1], all[0]}
 	ctrl[1].State, ctrl[1].StagingPath, ctrl[1].Targets = fsm.NodeReady, "", nil
-	in.Stores = []Store{{Name: "controller.sock", Mode: "controller", Volumes: ctrl}, {Name: "node.sock", Mode: "node", Volumes: all[:1]}}
+	in.Stores = []Store{{Name: "controller.sock", Mode: "controller", Volumes: ctrl, Snapshots: in.Stores[0].Snapshots},
+		{Name: "node.sock", Mode: "node", Volumes: all[:1]}}
 	if r := Compare(in); !r.Clean() || len(r.Notes) != 0 {
 		t.Fatalf("split shape: %+v %q", r.Findings, r.Notes)
 	}
@@ -246,10 +277,12 @@ func TestChanged(t *testing.T) {
 		}
 		return out
 	}
-	before := []Store{{Name: "a", Volumes: []view.Volume{v("same", 1, 0), v("moved", 1, 0), v("busy", 1, 0), v("gone", 1, 0)}}}
-	after := []Store{{Name: "a", Volumes: []view.Volume{v("same", 1, 0), v("moved", 2, 0), v("busy", 1, 5), v("new", 1, 0)}}}
+	before := []Store{{Name: "a", Volumes: []view.Volume{v("same", 1, 0), v("moved", 1, 0), v("busy", 1, 0), v("gone", 1, 0)},
+		Snapshots: []view.Snapshot{{ID: "snap-same", State: fsm.Ready, Generation: 1}, {ID: "snap-cut", State: fsm.Absent}}}}
+	after := []Store{{Name: "a", Volumes: []view.Volume{v("same", 1, 0), v("moved", 2, 0), v("busy", 1, 5), v("new", 1, 0)},
+		Snapshots: []view.Snapshot{{ID: "snap-same", State: fsm.Ready, Generation: 1}, {ID: "snap-cut", State: fsm.Ready, Generation: 1}}}}
 	got := Changed(before, after)
-	want := map[string]bool{"moved": true, "busy": true, "gone": true, "new": true}
+	want := map[string]bool{"moved": true, "busy": true, "gone": true, "new": true, "snap-cut": true}
 	if len(got) != len(want) {
 		t.Fatalf("changed %v, want %v", got, want)
 	}

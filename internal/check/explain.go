@@ -3,8 +3,10 @@ package check
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/effects"
 	"github.com/csid-dev/csid/internal/view"
 )
 
@@ -175,4 +177,40 @@ func recordOfAnotherDevice(v view.Volume, other string, own []string) Finding {
 		Action: fmt.Sprintf("csid never uses a recorded device without proving it is the volume's disk: NodePublishVolume and a repeated NodeStageVolume of %s answer FailedPrecondition while its disk is not attached here, "+
 			"and bind its own device once it is (ControllerPublishVolume attaches it again). To clear the record, delete the volume's pods on %s so kubelet unstages it", v.ID, v.Node),
 	}
+}
+
+func snapshotWithoutRecord(s cloud.Snapshot, owner string) Finding {
+	f := Finding{Kind: SnapshotWithoutRecord, Snapshot: owner, Volume: s.Tags[effects.TagSourceVolume], Disk: s.SourceDiskID,
+		Problem: fmt.Sprintf("the provider has snapshot %s (name %q, of disk %s, %d bytes), and no csid record names it", s.ID, s.Name, s.SourceDiskID, s.SizeBytes)}
+	if owner == "" {
+		f.Cause = "it has no csid.dev/snapshot-id tag, so csid did not take it: a snapshot made by hand or by another tool"
+		f.Action = "if nothing of yours needs it, delete it with the provider's own tools; csid never deletes a snapshot it has no record of"
+		return f
+	}
+	f.Cause = fmt.Sprintf("csid took it as snapshot %s, which has no record: a CreateSnapshot that crashed after the provider cut it and was never retried (the VolumeSnapshot was deleted meanwhile), a failed snapshot whose clean-up failed too, or a state file that was lost or restored from an older copy", owner)
+	f.Action = fmt.Sprintf("find out whether a VolumeSnapshotContent names it: kubectl get volumesnapshotcontent -o jsonpath='{range .items[?(@.status.snapshotHandle==\"%s\")]}{.metadata.name}{\"\\n\"}{end}'. "+
+		"If one does, its record was lost: keep it; restore the controller's state file from a backup (or start the controller on a new state file with --rebuild-from-cloud, which rebuilds snapshot records from the provider's tags). "+
+		"If none does, it is a leak: delete it with the provider's own tools", owner)
+	return f
+}
+
+func recordWithoutSnapshot(s view.Snapshot) Finding {
+	return Finding{Kind: RecordWithoutSnapshot, Snapshot: s.ID, Volume: s.SourceVolumeID,
+		Problem: fmt.Sprintf("snapshot %s (of volume %s) records the provider's snapshot %s, and the provider has no such snapshot", s.ID, s.SourceVolumeID, s.CloudID),
+		Cause:   "the snapshot was deleted outside csid (the provider's tools; for the local backend, its files removed by hand), or csid check reads another provider or state directory than the driver uses",
+		Action: "first make sure csid check reads the driver's state directory (--state-dir). If the snapshot is really gone, so is its data: restoring from it fails. " +
+			"Delete the VolumeSnapshot (DeleteSnapshot of a missing snapshot succeeds and removes the record); a repeated CreateSnapshot of the same name takes a new one"}
+}
+
+func filesystemFrozen(f Freeze) Finding {
+	where := "its mount point"
+	if len(f.MountPoints) > 0 {
+		where = strings.Join(f.MountPoints, ", ")
+	}
+	return Finding{Kind: FilesystemFrozen, Disk: f.DiskID, Path: strings.Join(f.MountPoints, ", "),
+		Problem: fmt.Sprintf("the local backend recorded at %s that it froze the filesystem of disk %s (mounted at %s) for a snapshot or a clone, and no snapshot or clone of it is in flight",
+			f.Since.UTC().Format(time.RFC3339), f.DiskID, where),
+		Cause: "csid was killed while it copied the disk with its filesystem frozen: writes to the volume hang until the filesystem is thawed",
+		Action: fmt.Sprintf("start csid (or restart it): it thaws such a filesystem when it opens its state directory, and removes the record. "+
+			"If csid cannot start, thaw it by hand: fsfreeze -u %s", where)}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/kubelet"
 	"github.com/csid-dev/csid/internal/mounter"
 	"github.com/csid-dev/csid/internal/view"
@@ -52,6 +53,13 @@ type Cloud interface {
 	LoopDevices(ctx context.Context) (map[string][]string, error)
 }
 
+// SnapshotLister reads the provider's snapshots. A Cloud that is one is
+// read for them too (the local backend's inspector, when it takes
+// snapshots).
+type SnapshotLister interface {
+	Snapshots(ctx context.Context) ([]cloud.Snapshot, error)
+}
+
 // MountLister reads the host's mount table; mounter.New() is one.
 type MountLister interface {
 	List(ctx context.Context) ([]mounter.MountPoint, error)
@@ -66,6 +74,8 @@ type Sources struct {
 	CloudNotRead, MountsNotRead string
 	Notes                       []string
 	HostNodes                   []string
+	// Freezes, if set, reads the local backend's freeze records.
+	Freezes func() ([]Freeze, error)
 	// DriverName and KubeletRoot stand in for a record source that does
 	// not say its own (Kubelet nil); an empty KubeletRoot: none.
 	DriverName  string
@@ -119,6 +129,17 @@ func Gather(ctx context.Context, s Sources) (Input, error) {
 			return Input{}, fmt.Errorf("read the loop devices: %w", err)
 		}
 		in.DisksRead, in.DevicesRead = true, true
+		if s.Freezes != nil {
+			if in.Freezes, err = s.Freezes(); err != nil {
+				return Input{}, fmt.Errorf("read the freeze records: %w", err)
+			}
+		}
+		if sl, ok := s.Cloud.(SnapshotLister); ok {
+			if in.Snapshots, err = sl.Snapshots(ctx); err != nil {
+				return Input{}, fmt.Errorf("read the provider's snapshots: %w", err)
+			}
+			in.SnapshotsRead = true
+		}
 	}
 	if s.Mounts != nil {
 		mps, err := s.Mounts.List(ctx)
@@ -170,6 +191,13 @@ func readRecords(ctx context.Context, srcs []RecordSource, damaged bool) ([]Stor
 			return nil, fmt.Errorf("read the records of %s: %w", src.Name, err)
 		}
 		st := Store{Name: src.Name, Mode: src.Mode, Volumes: l.Volumes}
+		if st.controller() {
+			sl, err := src.Source.Snapshots(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("read the snapshot records of %s: %w", src.Name, err)
+			}
+			st.Snapshots = sl.Snapshots
+		}
 		if damaged {
 			d, err := src.Source.Damaged(ctx)
 			if err != nil {
@@ -209,4 +237,20 @@ func volDataDriver(path string) string {
 		return ""
 	}
 	return d.DriverName
+}
+
+// LocalFreezes reads the freeze records of a local backend's inspector,
+// for Sources.Freezes.
+func LocalFreezes(insp *local.Inspector) func() ([]Freeze, error) {
+	return func() ([]Freeze, error) {
+		recs, err := insp.Freezes()
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Freeze, len(recs))
+		for i, r := range recs {
+			out[i] = Freeze{DiskID: r.DiskID, MountPoints: r.MountPoints, Since: r.Since}
+		}
+		return out, nil
+	}
 }

@@ -41,6 +41,7 @@ const (
 	OpsBeforeCommit        = "ops.before_commit"
 	CloudAfterCreate       = "cloud.after_create"
 	CloudAfterAttach       = "cloud.after_attach"
+	CloudAfterSnapshot     = "cloud.after_snapshot"
 	NodeAfterLosetup       = "node.after_losetup"
 	MounterAfterFormat     = "mounter.after_format"
 	MounterAfterMount      = "mounter.after_mount"
@@ -62,9 +63,7 @@ const (
 	LocalResizeGrown    = "local.resize_grown"
 	LocalDeviceBound    = "local.device_bound"
 
-	// The local backend's snapshots and clones (issue 17): its own
-	// TestCrashPoints kills a child at each. They join Points, and so the
-	// drill's matrix, with the drill's snapshot and clone scenarios.
+	// The local backend's snapshots and clones (issue 17).
 	LocalSnapshotFrozen   = "local.snapshot.frozen"
 	LocalSnapshotCopying  = "local.snapshot.copying"
 	LocalSnapshotImage    = "local.snapshot.image"
@@ -83,6 +82,7 @@ var Points = map[string]string{
 	OpsBeforeCommit:        "an op's effect is done; its outcome is not yet committed",
 	CloudAfterCreate:       "the cloud has created the disk; csid has not recorded it",
 	CloudAfterAttach:       "the cloud has attached the disk; csid has not recorded it",
+	CloudAfterSnapshot:     "the cloud has cut the snapshot; csid has not recorded it",
 	NodeAfterLosetup:       "the node has a loop device for the disk; nothing is mounted",
 	MounterAfterFormat:     "the device has just been formatted; nothing is mounted",
 	MounterAfterMount:      "the staging mount exists; csid has not recorded it",
@@ -101,6 +101,15 @@ var Points = map[string]string{
 	LocalDetachRecorded:    "local backend: a detach is recorded; the attachment entry remains",
 	LocalResizeGrown:       "local backend: an image is grown; its record has the old size",
 	LocalDeviceBound:       "local backend: the node bound a disk's image to a loop device; nobody has opened it",
+	LocalSnapshotFrozen:    "local backend: a snapshot froze the source disk's mounted filesystem (the freeze is recorded); nothing is copied",
+	LocalSnapshotCopying:   "local backend: a snapshot's image is partly copied, unnamed; no record",
+	LocalSnapshotImage:     "local backend: a snapshot's image is in place; no name entry, no record",
+	LocalSnapshotNamed:     "local backend: a snapshot's name is indexed and its image in place; no record",
+	LocalSnapshotRecorded:  "local backend: a snapshot's record is in place; the operation is not recorded",
+	LocalSnapshotDeleted:   "local backend: a deleted snapshot's record is gone; its name entry and image remain",
+	LocalCloneFrozen:       "local backend: a clone froze its source disk's mounted filesystem (the freeze is recorded); nothing is copied",
+	LocalCloneCopying:      "local backend: a clone's image is partly copied, unnamed; no record",
+	LocalCloneImage:        "local backend: a clone's image is in place; no name entry, no record",
 }
 
 // GroupPoints are the points at which a crash kills csid's whole process

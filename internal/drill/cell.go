@@ -31,6 +31,7 @@ type cell struct {
 	armed    bool // the running process is the armed (or counting) one
 	restarts int
 	vols     map[string]*volume
+	snaps    map[string]*snap
 	// refused are the ops the scenario expects to fail (a publish of a
 	// volume whose disk is not attached): verify accepts them.
 	refused []refusal

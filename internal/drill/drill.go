@@ -244,7 +244,7 @@ func runCensus(ctx context.Context, cfg Config, sc scenario) (map[string]int, er
 		return nil, err
 	}
 	defer scrub(dir, false)
-	c := &cell{binary: cfg.Binary, dir: dir, census: filepath.Join(dir, "census"), vols: map[string]*volume{}}
+	c := &cell{binary: cfg.Binary, dir: dir, census: filepath.Join(dir, "census"), vols: map[string]*volume{}, snaps: map[string]*snap{}}
 	if err := c.scenario(ctx, sc); err != nil {
 		return nil, fmt.Errorf("%w (logs in %s/csid.log)", err, dir)
 	}
@@ -289,10 +289,10 @@ func runCell(ctx context.Context, cfg Config, sc scenario, point string, hit int
 		res.Result, res.Reason = Fail, err.Error()
 		return res
 	}
-	c := &cell{binary: cfg.Binary, dir: dir, point: point, hit: hit, vols: map[string]*volume{}}
+	c := &cell{binary: cfg.Binary, dir: dir, point: point, hit: hit, vols: map[string]*volume{}, snaps: map[string]*snap{}}
 	err = c.scenario(ctx, sc)
 	if err == nil {
-		err = verify(ctx, dir, c.refused)
+		err = verify(ctx, dir, c.refused, len(c.snaps) > 0)
 	}
 	fired, _ := os.ReadFile(filepath.Join(dir, "fired"))
 	res.Restarts = c.restarts

@@ -144,6 +144,51 @@ func TestDrillCatchesANonIdempotentExecutor(t *testing.T) {
 	}
 }
 
+// plantSnapshotBug returns internal/effects/snapshots.go with its
+// snapshot executor made non-idempotent: it names every provider snapshot
+// afresh, so a crash after the provider cut one leaves it behind when the
+// resumed op takes another. The test fails if the code it rewrites has
+// changed.
+func plantSnapshotBug(t *testing.T) map[string]string {
+	t.Helper()
+	const rel = "internal/effects/snapshots.go"
+	_, file, _, _ := runtime.Caller(0)
+	raw, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const idempotent = `spec := cloud.SnapshotSpec{Name: s.ID, SourceDiskID: s.SourceDiskID, Tags: tags}`
+	const planted = `spec := cloud.SnapshotSpec{Name: fmt.Sprintf("%s-%d", s.ID, time.Now().UnixNano()), SourceDiskID: s.SourceDiskID, Tags: tags}`
+	src := string(raw)
+	if strings.Count(src, idempotent) != 1 || strings.Count(src, "\n\t\"fmt\"\n") != 1 {
+		t.Fatalf("%s no longer has the spec (or the import) the planted bug replaces", rel)
+	}
+	src = strings.Replace(src, idempotent, planted, 1)
+	src = strings.Replace(src, "\n\t\"fmt\"\n", "\n\t\"fmt\"\n\t\"time\"\n", 1)
+	return map[string]string{rel: src}
+}
+
+// TestDrillCatchesANonIdempotentSnapshot builds csid with a snapshot
+// executor that names its provider snapshot afresh on every run
+// (plantSnapshotBug): the drill fails at cloud.after_snapshot, on the
+// provider snapshot the resumed op leaves behind.
+func TestDrillCatchesANonIdempotentSnapshot(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := apptest.ShortTempDir(t)
+	rep, err := Run(context.Background(), Config{Binary: buildCSID(t, dir, plantSnapshotBug(t)), Dir: dir,
+		Scenarios: []string{"snapshot"}, Points: []string{"cloud.after_snapshot"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK() || rep.Failed != 1 {
+		t.Fatalf("the drill did not catch the planted bug: %s", rep.Summary())
+	}
+	if reason := rep.Cells[0].Reason; !strings.Contains(reason, "left at the provider") && !strings.Contains(reason, "snapshot-without-record") {
+		t.Fatalf("the drill failed for another reason than the leaked snapshot: %s", reason)
+	}
+	t.Logf("caught: %s", rep.Cells[0].Reason)
+}
+
 // logTail is the last n lines of the file at path, or why it cannot be read.
 func logTail(path string, n int) string {
 	b, err := os.ReadFile(path)

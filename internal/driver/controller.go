@@ -15,7 +15,9 @@ import (
 
 // ControllerGetCapabilities lists what the controller serves. It does not
 // claim PUBLISH_READONLY (a read-only attachment needs a provider feature
-// csid's backends lack) nor snapshots or clones.
+// csid's backends lack); it claims snapshots (CREATE_DELETE_SNAPSHOT,
+// LIST_SNAPSHOTS, GET_SNAPSHOT) and clones (CLONE_VOLUME) only when the
+// backend takes them (Config.Snapshots).
 func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
 	var caps []*csi.ControllerServiceCapability
 	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
@@ -30,10 +32,18 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
 			Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
 	}
+	if !d.cfg.Snapshots {
+		return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+	}
+	for _, t := range snapshotCaps {
+		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
+			Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
+	}
 	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// CreateVolume creates a volume, idempotently by name.
+// CreateVolume creates a volume, idempotently by name (and content
+// source): empty, restored from a snapshot, or cloned from a volume.
 func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	if err := checkName(req.GetName()); err != nil {
 		return nil, err
@@ -48,8 +58,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := checkParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, invalid("csid does not create volumes from snapshots or other volumes")
+	src, err := d.contentSource(req.GetVolumeContentSource())
+	if err != nil {
+		return nil, err
 	}
 	if len(req.GetMutableParameters()) > 0 {
 		return nil, invalid("csid has no mutable parameters")
@@ -70,7 +81,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	}
 	out, err := d.cfg.Engine.Submit(ctx, ops.Request{Event: fsm.Create, Args: &ops.CreateArgs{
 		Name: req.GetName(), SizeBytes: size, RequiredBytes: required, LimitBytes: limit,
-		Parameters: req.GetParameters(), Capability: c, Zones: zones}})
+		Parameters: req.GetParameters(), Capability: c, Zones: zones, Source: src}})
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +129,7 @@ func (d *Driver) zones(tr *csi.TopologyRequirement) ([]string, error) {
 
 // volume is the CSI view of a volume record.
 func (d *Driver) volume(v *store.Volume) *csi.Volume {
-	cv := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.CapacityBytes}
+	cv := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.CapacityBytes, ContentSource: volumeSource(v.Source)}
 	if d.cfg.Topology && v.Zone != "" {
 		cv.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{TopologyKey: v.Zone}}}
 	}
@@ -235,11 +246,8 @@ func (d *Driver) lookup(id string) (*store.Volume, error) {
 // the last volume of the previous page, so deletions between pages never
 // break paging; a token that is not a volume id is Aborted (start again).
 func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, invalid("max_entries must not be negative")
-	}
-	if t := req.GetStartingToken(); t != "" && !knownVolumeID(t) {
-		return nil, status.Errorf(codes.Aborted, "starting_token %q is not a token csid gave; list again from the start", t)
+	if err := checkPage(req.GetMaxEntries(), req.GetStartingToken(), knownVolumeID); err != nil {
+		return nil, err
 	}
 	vols, next, err := d.cfg.Engine.ListVolumes(req.GetStartingToken(), int(req.GetMaxEntries()))
 	if err != nil {
@@ -251,6 +259,19 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: publishedNodes(&vols[i])}})
 	}
 	return resp, nil
+}
+
+// checkPage checks a list's page request: max_entries must not be
+// negative, and a starting token must be one csid gave (an id of the
+// listed kind, known); anything else is Aborted: list again from the start.
+func checkPage(max int32, token string, known func(string) bool) error {
+	if max < 0 {
+		return invalid("max_entries must not be negative")
+	}
+	if token != "" && !known(token) {
+		return status.Errorf(codes.Aborted, "starting_token %q is not a token csid gave; list again from the start", token)
+	}
+	return nil
 }
 
 func publishedNodes(v *store.Volume) []string {

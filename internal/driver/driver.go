@@ -81,6 +81,8 @@ type Engine interface {
 	Submit(ctx context.Context, req ops.Request) (ops.Outcome, error)
 	Volume(id string) (*store.Volume, error)
 	ListVolumes(after string, max int) ([]store.Volume, string, error)
+	Snapshot(id string) (*store.Snapshot, error)
+	ListSnapshots(after string, max int, sourceVolumeID string) ([]store.Snapshot, string, error)
 	Ready() bool
 }
 
@@ -97,6 +99,11 @@ type Config struct {
 	// Topology: the backend has zones; csid advertises
 	// VOLUME_ACCESSIBILITY_CONSTRAINTS.
 	Topology bool
+	// Snapshots: the backend takes snapshots and creates disks from
+	// snapshots and other disks (cloud.Snapshotter), whatever the mode; a
+	// controller advertises CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS,
+	// GET_SNAPSHOT and CLONE_VOLUME, and serves them.
+	Snapshots bool
 	// KubeletRoot, when set, is kubelet's root directory: every staging
 	// and target path of a node request must lie under it
 	// (InvalidArgument otherwise). Empty: any absolute path (all-in-one,
@@ -158,7 +165,8 @@ func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi
 
 // GetPluginCapabilities reports the same set in every mode (the CSI rule for
 // one deployment): a controller service, topology when the backend has
-// zones, and offline volume expansion.
+// zones (and snapshot topology when it also takes snapshots), and offline
+// volume expansion.
 func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	caps := []*csi.PluginCapability{
 		{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}},
@@ -167,6 +175,12 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 	if d.cfg.Topology {
 		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
 			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS}}})
+	}
+	if d.cfg.Topology && d.cfg.Snapshots {
+		// A snapshot is accessible from its source volume's zone, and
+		// CreateSnapshot honours accessibility_requirements.
+		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
+			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS}}})
 	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }

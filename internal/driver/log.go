@@ -40,6 +40,12 @@ func Interceptor(log zerolog.Logger, obs RPCObserver) grpc.UnaryServerIntercepto
 		if v, ok := req.(interface{ GetVolumeId() string }); ok && v.GetVolumeId() != "" {
 			lc = lc.Str("volume", v.GetVolumeId())
 		}
+		if v, ok := req.(interface{ GetSourceVolumeId() string }); ok && v.GetSourceVolumeId() != "" {
+			lc = lc.Str("volume", v.GetSourceVolumeId())
+		}
+		if v, ok := req.(interface{ GetSnapshotId() string }); ok && v.GetSnapshotId() != "" {
+			lc = lc.Str("snapshot", v.GetSnapshotId())
+		}
 		l := lc.Logger()
 		if l.GetLevel() <= zerolog.DebugLevel {
 			l.Debug().Stringer("request", protosanitizer.StripSecrets(req)).Msg("rpc request")

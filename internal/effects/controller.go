@@ -18,6 +18,7 @@ import (
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/ops"
+	"github.com/csid-dev/csid/internal/store"
 )
 
 // PublishContextDiskID is the publish_context key that tells the node which
@@ -58,15 +59,28 @@ type Controller struct {
 	DriverName string
 }
 
-// Executors returns the controller's executors by event.
+// Executors returns the controller's executors by event: the snapshot
+// events' too when the cloud takes snapshots (cloud.Snapshotter).
 func (c *Controller) Executors() map[fsm.Event]ops.Executor {
-	return kinded(map[fsm.Event]ops.Executor{
+	execs := map[fsm.Event]ops.Executor{
 		fsm.Create:              createExec{c.Cloud, c.DriverName},
 		fsm.Delete:              deleteExec{c.Cloud},
 		fsm.ControllerPublish:   publishExec{c.Cloud},
 		fsm.ControllerUnpublish: unpublishExec{c.Cloud},
 		fsm.Expand:              expandExec{c.Cloud},
-	})
+	}
+	if sn, ok := c.Cloud.(cloud.Snapshotter); ok {
+		execs[fsm.SnapshotCreate] = snapshotCreateExec{c: c.Cloud, sn: sn, driver: c.DriverName}
+		execs[fsm.SnapshotDelete] = snapshotDeleteExec{c: c.Cloud, sn: sn}
+	}
+	return kinded(execs)
+}
+
+// Snapshots reports whether the controller takes snapshots and creates
+// volumes from sources: its cloud implements cloud.Snapshotter.
+func (c *Controller) Snapshots() bool {
+	_, ok := c.Cloud.(cloud.Snapshotter)
+	return ok
 }
 
 // startOrResume waits on the cloud operation the op recorded, or starts one
@@ -109,7 +123,7 @@ func (e createExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error
 	if err != nil {
 		return ops.Result{}, err
 	}
-	spec, err := diskSpec(x.Op.VolumeID, zone, e.driver, a)
+	spec, err := diskSpec(x.Op.VolumeID, zone, e.driver, a, x.Volume.Source)
 	if err != nil {
 		return ops.Result{}, err
 	}
@@ -189,7 +203,9 @@ func pickZone(c cloud.Cloud, wanted []string) (string, error) {
 	return "", ops.Errorf(ops.Exhausted, "cannot create a disk in any of the requested zones %v; this backend has %v", wanted, have)
 }
 
-func diskSpec(volumeID, zone, driver string, a *ops.CreateArgs) (cloud.DiskSpec, error) {
+// diskSpec is the disk of a create: named by the volume id, tagged with
+// what a rebuild of the record needs, copied from src when set.
+func diskSpec(volumeID, zone, driver string, a *ops.CreateArgs, src *store.Source) (cloud.DiskSpec, error) {
 	capJSON, err := json.Marshal(a.Capability)
 	if err != nil {
 		return cloud.DiskSpec{}, err
@@ -202,7 +218,10 @@ func diskSpec(volumeID, zone, driver string, a *ops.CreateArgs) (cloud.DiskSpec,
 	if driver != "" {
 		tags[TagDriver] = driver
 	}
-	return cloud.DiskSpec{Name: volumeID, SizeBytes: a.SizeBytes, Zone: zone, Tags: tags}, nil
+	if src != nil {
+		tags[TagSource] = SourceTag(src)
+	}
+	return cloud.DiskSpec{Name: volumeID, SizeBytes: a.SizeBytes, Zone: zone, Tags: tags, Source: diskSource(src)}, nil
 }
 
 type deleteExec struct{ c cloud.Cloud }

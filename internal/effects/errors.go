@@ -47,6 +47,7 @@ var kindTable = []struct {
 	{cloud.ErrAttached, ops.Conflict},
 	{cloud.ErrLimitReached, ops.Exhausted},
 	{cloud.ErrInvalid, ops.Invalid},
+	{cloud.ErrNotSupported, ops.Conflict},
 	{cloud.ErrIdentity, ops.Conflict},
 	{mounter.ErrInvalidPath, ops.Invalid},
 	{mounter.ErrSymlink, ops.Invalid},

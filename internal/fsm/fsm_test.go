@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -178,13 +179,94 @@ func TestInverses(t *testing.T) {
 }
 
 func TestValidateRejectsDuplicateRows(t *testing.T) {
-	if err := validate(table); err != nil {
+	if err := validate(volumeTable, States, Events); err != nil {
 		t.Fatal(err)
 	}
-	rows := append([]row{}, table...)
+	rows := append([]row{}, volumeTable...)
 	rows = append(rows, row{Create, NoGuard, []State{Absent}, Created})
-	if err := validate(rows); err == nil {
+	if err := validate(rows, States, Events); err == nil {
 		t.Fatal("a table with a duplicate row passed")
+	}
+	if err := validate(snapshotTable, SnapshotStates, SnapshotEvents); err != nil {
+		t.Fatal(err)
+	}
+	// A row of one lifecycle in the other's table names a state or an
+	// event the other does not have.
+	if err := validate(append(slices.Clone(snapshotTable), volumeTable[0]), SnapshotStates, SnapshotEvents); err == nil {
+		t.Fatal("a snapshot table with a volume row passed")
+	}
+	if err := validate(append(slices.Clone(volumeTable), snapshotTable[0]), States, Events); err == nil {
+		t.Fatal("a volume table with a snapshot row passed")
+	}
+}
+
+// TestSnapshotEveryStateEventPair walks the snapshot lifecycle's full
+// state x event matrix, written out by hand, independently of the table.
+func TestSnapshotEveryStateEventPair(t *testing.T) {
+	const illegal State = "-"
+	expect := map[Event]map[State]State{
+		SnapshotCreate: {Absent: Ready, Ready: illegal},
+		SnapshotDelete: {Absent: illegal, Ready: Absent},
+		Rebuild:        {Absent: Ready, Ready: illegal},
+		Forget:         {Absent: illegal, Ready: Absent},
+	}
+	if len(expect) != len(SnapshotEvents) {
+		t.Fatalf("expectation covers %d events, the snapshot lifecycle declares %d", len(expect), len(SnapshotEvents))
+	}
+	for _, e := range SnapshotEvents {
+		for _, s := range SnapshotStates {
+			want, ok := expect[e][s]
+			if !ok {
+				t.Fatalf("no expectation for %s in %s", e, s)
+			}
+			// Guards of the volume lifecycle mean nothing here.
+			for _, g := range []Guard{Detached, Attached, LastTarget} {
+				if _, err := Snapshots.Next(s, e, g); !errors.Is(err, ErrIllegal) {
+					t.Errorf("snapshot %s [%s] in %s: want ErrIllegal, got %v", e, g, s, err)
+				}
+			}
+			step, err := Snapshots.Next(s, e, NoGuard)
+			if want == illegal {
+				if !errors.Is(err, ErrIllegal) || Snapshots.Legal(s, e) {
+					t.Errorf("snapshot %s in %s: want ErrIllegal, got %+v, %v", e, s, step, err)
+				}
+				continue
+			}
+			if err != nil || step.To != want || !Snapshots.Legal(s, e) {
+				t.Errorf("snapshot %s in %s: got %+v, %v; want to=%s", e, s, step, err, want)
+			}
+		}
+	}
+	// The lifecycles are apart: no snapshot event moves a volume, no
+	// volume op event moves a snapshot, and READY is no volume state.
+	for _, s := range States {
+		for _, e := range SnapshotOpEvents {
+			if Legal(s, e) {
+				t.Errorf("volume lifecycle takes snapshot event %s in %s", e, s)
+			}
+		}
+	}
+	for _, s := range SnapshotStates {
+		for _, e := range OpEvents {
+			if Snapshots.Legal(s, e) {
+				t.Errorf("snapshot lifecycle takes volume event %s in %s", e, s)
+			}
+		}
+	}
+	if _, err := Next(Ready, Forget, NoGuard); !errors.Is(err, ErrIllegal) {
+		t.Errorf("volume forget from READY: want ErrIllegal, got %v", err)
+	}
+	if err := Snapshots.Check(Ready, SnapshotDelete, NoGuard, Ready); !errors.Is(err, ErrIllegal) {
+		t.Errorf("a snapshot_delete that leaves the record READY passed Check: %v", err)
+	}
+	if inv, ok := Inverse(SnapshotCreate); !ok || inv != SnapshotDelete {
+		t.Errorf("Inverse(snapshot_create) = %s, %v", inv, ok)
+	}
+	if f, ok := Forward(SnapshotDelete); !ok || f != SnapshotCreate {
+		t.Errorf("Forward(snapshot_delete) = %s, %v", f, ok)
+	}
+	if !SnapshotCreate.OfSnapshot() || Create.OfSnapshot() || Forget.OfSnapshot() {
+		t.Error("OfSnapshot is wrong")
 	}
 }
 
@@ -217,16 +299,18 @@ func TestCheck(t *testing.T) {
 }
 
 func TestValid(t *testing.T) {
-	if !Published.Valid() || State("BOGUS").Valid() {
+	if !Published.Valid() || !Ready.Valid() || State("BOGUS").Valid() {
 		t.Error("State.Valid is wrong")
 	}
-	if !NodeExpand.Valid() || Event("bogus").Valid() {
+	if !NodeExpand.Valid() || !SnapshotDelete.Valid() || Event("bogus").Valid() {
 		t.Error("Event.Valid is wrong")
 	}
 }
 
 // TestDiagramMatchesDocs fails when docs/state-machine.md no longer holds the
-// diagram the code draws. Regenerate with: go test ./internal/fsm -run Diagram -update
+// diagrams the code draws: its first mermaid block is the volume
+// lifecycle, its second the snapshot lifecycle. Regenerate with: go test
+// ./internal/fsm -run Diagram -update
 func TestDiagramMatchesDocs(t *testing.T) {
 	path := filepath.Join("..", "..", "docs", "state-machine.md")
 	doc, err := os.ReadFile(path)
@@ -235,26 +319,31 @@ func TestDiagramMatchesDocs(t *testing.T) {
 	}
 	const begin, end = "```mermaid\n", "```\n"
 	text := string(doc)
-	i := strings.Index(text, begin)
-	if i < 0 {
-		t.Fatalf("%s has no mermaid block", path)
+	from, drifted := 0, false
+	for _, l := range []*Lifecycle{Volumes, Snapshots} {
+		i := strings.Index(text[from:], begin)
+		if i < 0 {
+			t.Fatalf("%s has no mermaid block for the %s lifecycle", path, l.Name())
+		}
+		i += from + len(begin)
+		j := strings.Index(text[i:], end)
+		if j < 0 {
+			t.Fatalf("%s: unterminated mermaid block", path)
+		}
+		got, want := text[i:i+j], l.Mermaid()
+		if got != want {
+			if !*update {
+				t.Errorf("%s drifted from the code's %s lifecycle; run `go test ./internal/fsm -run Diagram -update`.\nwant:\n%s\ngot:\n%s",
+					path, l.Name(), want, got)
+			}
+			text, drifted = text[:i]+want+text[i+j:], true
+		}
+		from = i + len(want) + len(end)
 	}
-	j := strings.Index(text[i+len(begin):], end)
-	if j < 0 {
-		t.Fatalf("%s: unterminated mermaid block", path)
-	}
-	got := text[i+len(begin) : i+len(begin)+j]
-	want := Mermaid()
-	if got == want {
-		return
-	}
-	if *update {
-		text = text[:i+len(begin)] + want + text[i+len(begin)+j:]
+	if drifted && *update {
 		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("updated %s", path)
-		return
 	}
-	t.Fatalf("%s drifted from the code; run `go test ./internal/fsm -run Diagram -update`.\nwant:\n%s\ngot:\n%s", path, want, got)
 }

@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Source is what the gauges are read from: the engine's Snapshot.
+// Source is what the gauges are read from: the engine's Counts.
 type Source interface {
-	Snapshot() (ops.Snapshot, error)
+	Counts() (ops.Counts, error)
 }
 
 // Watch registers the collector of the store's gauges. now is the clock the
@@ -31,6 +31,8 @@ func (m *Metrics) Watch(src Source, now func() time.Time) error {
 var (
 	volumesDesc = prometheus.NewDesc("csid_volumes",
 		"Volumes in the state file, by lifecycle state (ABSENT: being created).", []string{"state"}, nil)
+	snapshotsDesc = prometheus.NewDesc("csid_snapshots",
+		"Snapshots in the state file, by lifecycle state (ABSENT: being cut; READY).", []string{"state"}, nil)
 	activeDesc = prometheus.NewDesc("csid_ops_active",
 		"Operations accepted and not finished (queued, running, backing off or compensating), by event: the queue's depth.", []string{"event"}, nil)
 	resizeDepthDesc = prometheus.NewDesc("csid_resize_queue_depth",
@@ -40,11 +42,11 @@ var (
 	storeSizeDesc = prometheus.NewDesc("csid_store_size_bytes",
 		"Size of the state file.", nil, nil)
 
-	gaugeDescs = []*prometheus.Desc{volumesDesc, activeDesc, resizeDepthDesc, resizeAgeDesc, storeSizeDesc}
+	gaugeDescs = []*prometheus.Desc{volumesDesc, snapshotsDesc, activeDesc, resizeDepthDesc, resizeAgeDesc, storeSizeDesc}
 )
 
 // gauges reads the store's gauges on each scrape, in one read transaction
-// (ops.Engine.Snapshot): O(volumes) per scrape, decoding only each volume's
+// (ops.Engine.Counts): O(volumes) per scrape, decoding only each volume's
 // state.
 type gauges struct {
 	src Source
@@ -58,7 +60,7 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (g *gauges) Collect(ch chan<- prometheus.Metric) {
-	s, err := g.src.Snapshot()
+	s, err := g.src.Counts()
 	if err != nil {
 		err = fmt.Errorf("read the state file for metrics: %w", err)
 		for _, d := range gaugeDescs {
@@ -71,7 +73,10 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range fsm.States {
 		ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(s.Volumes[st]), string(st))
 	}
-	for _, e := range fsm.OpEvents {
+	for _, st := range fsm.SnapshotStates {
+		ch <- prometheus.MustNewConstMetric(snapshotsDesc, prometheus.GaugeValue, float64(s.Snapshots[st]), string(st))
+	}
+	for _, e := range fsm.AllOpEvents() {
 		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(s.Active[e]), string(e))
 	}
 	for _, st := range []store.ResizeStatus{store.ResizeQueued, store.ResizeRunning} {

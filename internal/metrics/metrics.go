@@ -124,7 +124,7 @@ func New(o Options) *Metrics {
 	}
 	// Every labelled series from the start, so that rate() and alerts see
 	// a zero rather than no series.
-	for _, e := range fsm.OpEvents {
+	for _, e := range fsm.AllOpEvents() {
 		m.ops.WithLabelValues(string(e), OutcomeSucceeded)
 		m.ops.WithLabelValues(string(e), OutcomeFailed)
 		m.retries.WithLabelValues(string(e))

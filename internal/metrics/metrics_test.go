@@ -17,19 +17,20 @@ import (
 )
 
 type source struct {
-	s   ops.Snapshot
+	s   ops.Counts
 	err error
 }
 
-func (s *source) Snapshot() (ops.Snapshot, error) { return s.s, s.err }
+func (s *source) Counts() (ops.Counts, error) { return s.s, s.err }
 
 // TestGaugesFromSnapshot: the gauges report the snapshot, every label value
 // included, and the age of the oldest resize on the given clock.
 func TestGaugesFromSnapshot(t *testing.T) {
 	now := time.Unix(10000, 0)
-	src := &source{s: ops.Snapshot{
+	src := &source{s: ops.Counts{
 		Volumes:      map[fsm.State]int{fsm.Created: 3, fsm.Published: 2},
-		Active:       map[fsm.Event]int{fsm.Create: 1},
+		Snapshots:    map[fsm.State]int{fsm.Ready: 4},
+		Active:       map[fsm.Event]int{fsm.Create: 1, fsm.SnapshotCreate: 1},
 		Resizes:      map[store.ResizeStatus]int{store.ResizeQueued: 2},
 		OldestResize: now.Add(-90 * time.Second),
 		StoreBytes:   1 << 20,
@@ -45,15 +46,20 @@ csid_resize_queue_oldest_age_seconds 90
 # HELP csid_store_size_bytes Size of the state file.
 # TYPE csid_store_size_bytes gauge
 csid_store_size_bytes 1.048576e+06
+# HELP csid_snapshots Snapshots in the state file, by lifecycle state (ABSENT: being cut; READY).
+# TYPE csid_snapshots gauge
+csid_snapshots{state="ABSENT"} 0
+csid_snapshots{state="READY"} 4
 `
-	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "csid_resize_queue_oldest_age_seconds", "csid_store_size_bytes"); err != nil {
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "csid_resize_queue_oldest_age_seconds", "csid_store_size_bytes",
+		"csid_snapshots"); err != nil {
 		t.Error(err)
 	}
 	if n := testutil.CollectAndCount(&gauges{src: src, now: time.Now}, "csid_volumes"); n != len(fsm.States) {
 		t.Errorf("csid_volumes has %d series, want one per state (%d)", n, len(fsm.States))
 	}
-	if n := testutil.CollectAndCount(&gauges{src: src, now: time.Now}, "csid_ops_active"); n != len(fsm.OpEvents) {
-		t.Errorf("csid_ops_active has %d series, want one per event (%d)", n, len(fsm.OpEvents))
+	if n := testutil.CollectAndCount(&gauges{src: src, now: time.Now}, "csid_ops_active"); n != len(fsm.AllOpEvents()) {
+		t.Errorf("csid_ops_active has %d series, want one per event, the snapshots' included (%d)", n, len(fsm.AllOpEvents()))
 	}
 }
 

@@ -94,15 +94,19 @@ func pathKey(p string) string {
 
 func (l *ledgerExec) Execute(ctx context.Context, x *Exec) (Result, error) {
 	op := x.Op
-	if err := l.logLine("exec.log", fmt.Sprintf("%d %s %s", op.Seq, op.Event, op.VolumeID)); err != nil {
+	if err := l.logLine("exec.log", fmt.Sprintf("%d %s %s", op.Seq, op.Event, op.Subject())); err != nil {
 		return Result{}, err
 	}
-	id := op.VolumeID
+	id := op.Subject()
 	var err error
 	switch op.Event {
 	case fsm.Create:
 		a, _ := DecodeArgs[CreateArgs](op)
-		err = l.ensure("disk-"+id, strconv.FormatInt(a.SizeBytes, 10), false)
+		err = l.ensure("disk-"+id, strconv.FormatInt(a.SizeBytes, 10)+sourceSuffix(x.Volume.Source), false)
+	case fsm.SnapshotCreate:
+		err = l.ensure("snap-"+id, x.Snapshot.SourceVolumeID, false)
+	case fsm.SnapshotDelete:
+		err = l.remove("snap-" + id)
 	case fsm.Delete:
 		err = l.remove("disk-" + id)
 	case fsm.ControllerPublish:
@@ -141,11 +145,21 @@ func (l *ledgerExec) Compensate(ctx context.Context, x *Exec) error {
 	return l.logLine("violations", fmt.Sprintf("op %d (%s) compensated: no op of the workload fails", x.Op.Seq, x.Op.Event))
 }
 
+// sourceSuffix marks the disk of a volume created from a snapshot.
+func sourceSuffix(src *store.Source) string {
+	if src == nil {
+		return ""
+	}
+	return " from " + src.SnapshotID
+}
+
 // crashWorkload is what the child process runs: two volumes through the
 // lifecycle, an expansion deferred while attached, then unpublished and
-// published again (the resize runs in between). Like a CO, it keeps a
-// durable cursor of the steps that returned, and after a restart it retries
-// the step that was in flight with the same arguments.
+// published again (the resize runs in between); a snapshot of the other
+// volume, a volume restored from it, and the snapshot's delete. Like a
+// CO, it keeps a durable cursor of the steps that returned (and the
+// snapshot id CreateSnapshot answered), and after a restart it retries the
+// step that was in flight with the same arguments.
 func crashWorkload(dir string) error {
 	if err := crash.ArmFromEnv(); err != nil {
 		return err
@@ -190,7 +204,10 @@ func crashWorkload(dir string) error {
 		step{func() Request { return nodeUnpublishReq(id0(), "/target/"+id0()) }, codes.OK},
 		step{func() Request { return unstageReq(id0(), "/stage/"+id0()) }, codes.OK},
 		step{func() Request { return unpublishReq(id0()) }, codes.OK},
-		step{func() Request { return publishReq(id0(), "node-1") }, codes.OK})
+		step{func() Request { return publishReq(id0(), "node-1") }, codes.OK},
+		step{func() Request { return snapshotReq("vs-1", idOf("pvc-1")) }, codes.OK},
+		step{func() Request { return restoreReq("pvc-r", ContentSource{SnapshotID: snapIDOf(dir)}, 0) }, codes.OK},
+		step{func() Request { return deleteSnapshotReq(snapIDOf(dir)) }, codes.OK})
 
 	cursor := filepath.Join(dir, "cursor")
 	done := len(readCursor(cursor))
@@ -203,11 +220,22 @@ func crashWorkload(dir string) error {
 		if req.Event == fsm.Expand && err == nil && out.Volume.CapacityBytes < 2*gib {
 			return fmt.Errorf("expand answered OK at %d bytes", out.Volume.CapacityBytes)
 		}
+		if req.Event == fsm.SnapshotCreate {
+			if err := os.WriteFile(filepath.Join(dir, "snap-id"), []byte(out.Snapshot.ID), 0o600); err != nil {
+				return err
+			}
+		}
 		if err := (&ledgerExec{dir: dir}).logLine("cursor", strconv.Itoa(i)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// snapIDOf is the snapshot id the workload's CreateSnapshot answered.
+func snapIDOf(dir string) string {
+	raw, _ := os.ReadFile(filepath.Join(dir, "snap-id"))
+	return string(raw)
 }
 
 func readCursor(path string) []string {
@@ -259,8 +287,8 @@ func TestCrashRecoveryCompletesEveryAcceptedOpOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns dozens of processes")
 	}
-	// The workload accepts 13 ops; kill at each of them, at each step.
-	const ops = 13
+	// The workload accepts 16 ops; kill at each of them, at each step.
+	const ops = 16
 	points := []string{crash.OpsQueued, crash.OpsBeforeEffect, crash.OpsBeforeCommit}
 	start := time.Now()
 	for _, point := range points {
@@ -306,8 +334,8 @@ func checkCrashOutcome(t *testing.T, dir, point string, beforeCrash []string) {
 		}
 		var ops []*store.Op
 		_ = tx.ForEachOp(func(op *store.Op) bool { ops = append(ops, op); return true })
-		if len(ops) != 14 { // 13 steps, and the op recording the queued resize on the disk
-			t.Errorf("%d ops stored, want 14", len(ops))
+		if len(ops) != 17 { // 16 steps, and the op recording the queued resize on the disk
+			t.Errorf("%d ops stored, want 17", len(ops))
 		}
 		for _, op := range ops {
 			if op.Status != store.OpSucceeded {
@@ -315,8 +343,15 @@ func checkCrashOutcome(t *testing.T, dir, point string, beforeCrash []string) {
 			}
 		}
 		// The resources are exactly what the final states imply.
+		err = tx.ForEachSnapshot("", func(s *store.Snapshot) bool {
+			want = append(want, "snap-"+s.ID+"="+s.SourceVolumeID)
+			return true
+		})
+		if err != nil {
+			return err
+		}
 		return tx.ForEachVolume("", func(v *store.Volume) bool {
-			want = append(want, "disk-"+v.ID+"="+strconv.FormatInt(v.CapacityBytes, 10))
+			want = append(want, "disk-"+v.ID+"="+strconv.FormatInt(v.CapacityBytes, 10)+sourceSuffix(v.Source))
 			if v.Attachment != nil {
 				want = append(want, "attach-"+v.ID+"="+v.Attachment.Node)
 			}

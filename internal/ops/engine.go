@@ -52,8 +52,8 @@ type Executor interface {
 	// retrying; any other error fails the op.
 	Execute(ctx context.Context, x *Exec) (Result, error)
 	// Compensate undoes whatever a failed or cancelled Execute of a forward
-	// op (create, controller_publish, node_stage, node_publish) may have
-	// done, so that a failed op leaves nothing behind. It must be
+	// op (create, controller_publish, node_stage, node_publish,
+	// snapshot_create) may have done, so that a failed op leaves nothing behind. It must be
 	// idempotent. It is never called for other events.
 	Compensate(ctx context.Context, x *Exec) error
 }
@@ -89,6 +89,9 @@ func DefaultDeadlines() Deadlines {
 		fsm.ControllerPublish: 5 * time.Minute, fsm.ControllerUnpublish: 5 * time.Minute,
 		fsm.Expand: 10 * time.Minute, fsm.NodeStage: 15 * time.Minute, fsm.NodeUnstage: 5 * time.Minute,
 		fsm.NodePublish: 2 * time.Minute, fsm.NodeUnpublish: 2 * time.Minute, fsm.NodeExpand: 15 * time.Minute,
+		// A snapshot may copy a whole disk (no reflink where the provider
+		// keeps its disks).
+		fsm.SnapshotCreate: 30 * time.Minute, fsm.SnapshotDelete: 10 * time.Minute,
 	}
 }
 
@@ -137,6 +140,15 @@ type Config struct {
 	Observer  Observer
 	// NewID draws volume ids (default "vol-" and 20 random hex digits).
 	NewID func() string
+	// NewSnapshotID draws snapshot ids (default "snap-" and 20 random hex
+	// digits). Snapshot and volume ids must never meet: the store keeps
+	// them in one namespace.
+	NewSnapshotID func() string
+	// ConfirmSnapshot, if set, asks the provider whether a snapshot the
+	// record says is READY (a repeated CreateSnapshot) is still there: it
+	// returns why not ("" when it is), and the engine then forgets the
+	// record and takes the snapshot again.
+	ConfirmSnapshot func(ctx context.Context, s *store.Snapshot) (gone string, err error)
 
 	// inCommit, if set, runs first inside every transaction in which a
 	// worker commits an op's progress or outcome (what: "commit the
@@ -168,18 +180,23 @@ type Engine struct {
 var errShutdown = errors.New("csid is shutting down")
 
 // flight is an active op in memory: its worker, and everyone waiting on it.
-// seq, event and volumeID never change; op belongs to the worker alone.
+// seq, event and subject never change; op belongs to the worker alone.
 type flight struct {
-	seq      uint64
-	event    fsm.Event
-	volumeID string
-	op       *store.Op // the worker's copy
-	vol      store.Volume
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
-	done     chan struct{}
+	seq   uint64
+	event fsm.Event
+	// subject is the op's volume ("volume vol-...") or snapshot, for
+	// messages.
+	subject string
+	op      *store.Op // the worker's copy
+	// vol (or snap, for a snapshot's op) is the record the op was
+	// accepted on.
+	vol    store.Volume
+	snap   store.Snapshot
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
 	// out and err are the outcome, set before done is closed.
-	out store.Volume
+	out Outcome
 	err *Error
 	// progress says how the op's attempts went ("attempt 2 failed: ...",
 	// "waiting to commit the outcome: ..."), for callers whose deadline
@@ -208,6 +225,9 @@ func New(cfg Config) *Engine {
 	if cfg.NewID == nil {
 		cfg.NewID = newVolumeID
 	}
+	if cfg.NewSnapshotID == nil {
+		cfg.NewSnapshotID = newSnapshotID
+	}
 	base, stop := context.WithCancelCause(context.Background())
 	return &Engine{cfg: cfg, st: cfg.Store, log: cfg.Log, flights: map[uint64]*flight{},
 		draining: make(chan struct{}), base: base, stop: stop,
@@ -220,13 +240,21 @@ func New(cfg Config) *Engine {
 // recent volumes) share the volumes bucket's last pages instead of each
 // rewriting a random leaf (BenchmarkCreateDeleteExisting). Two ids drawn
 // in one millisecond differ in 32 random bits.
-func newVolumeID() string {
+func newVolumeID() string { return "vol-" + timeSortedHex() }
+
+// newSnapshotID draws a snapshot id: "snap-" and 20 hex digits, as a
+// volume id's.
+func newSnapshotID() string { return "snap-" + timeSortedHex() }
+
+// timeSortedHex is 20 hex digits: the Unix time in milliseconds (12), then
+// 32 random bits (8).
+func timeSortedHex() string {
 	var b [10]byte
 	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixMilli())<<16)
 	if _, err := rand.Read(b[6:]); err != nil {
 		panic(err)
 	}
-	return "vol-" + hex.EncodeToString(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Start resumes every op left queued or compensating by an earlier run, and
@@ -235,7 +263,7 @@ func newVolumeID() string {
 // joined by the CO's retry).
 func (e *Engine) Start(ctx context.Context) error {
 	var active []*store.Op
-	vols := map[string]*store.Volume{}
+	recs := map[uint64]*record{}
 	var damaged []*store.DamagedError
 	err := e.st.View(func(tx *store.Tx) error {
 		ops, err := tx.ActiveOps()
@@ -243,7 +271,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			return err
 		}
 		for _, op := range ops {
-			v, err := tx.Volume(op.VolumeID)
+			r, err := activeRecord(tx, op)
 			if d := (*store.DamagedError)(nil); errors.As(err, &d) {
 				damaged = append(damaged, d)
 				continue
@@ -251,11 +279,11 @@ func (e *Engine) Start(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			if v == nil || v.ActiveOp != op.Seq {
-				return fmt.Errorf("op %d is active but volume %s does not name it: %w", op.Seq, op.VolumeID, store.ErrCorrupt)
+			if r == nil {
+				return fmt.Errorf("op %d is active but %s does not name it: %w", op.Seq, subjectOf(op), store.ErrCorrupt)
 			}
 			active = append(active, op)
-			vols[op.VolumeID] = v
+			recs[op.Seq] = r
 		}
 		damaged = append(damaged, tx.Skipped()...)
 		return nil
@@ -266,14 +294,14 @@ func (e *Engine) Start(ctx context.Context) error {
 	for _, d := range damaged {
 		// Not resumed, and not failed: the volume's RPCs answer DataLoss
 		// until the record is restored.
-		e.log.Error().Str("volume", d.VolumeID).Str("record", d.Bucket+"/"+d.Key).Str("problem", d.Problem).
-			Msg("a damaged record: its op is not resumed, and csid does not act on its volume; csid check says what to do")
+		e.log.Error().Str("volume", d.VolumeID).Str("snapshot", d.SnapshotID).Str("record", d.Bucket+"/"+d.Key).Str("problem", d.Problem).
+			Msg("a damaged record: its op is not resumed, and csid does not act on its volume or snapshot; csid check says what to do")
 	}
 	for _, op := range active {
-		e.log.Info().Uint64("op", op.Seq).Str("volume", op.VolumeID).Str("event", string(op.Event)).
+		e.log.Info().Uint64("op", op.Seq).Str("volume", op.VolumeID).Str("snapshot", op.SnapshotID).Str("event", string(op.Event)).
 			Str("status", string(op.Status)).Int("attempts", op.Attempts).Msg("resuming op")
 		e.mu.Lock()
-		e.launchLocked(op, vols[op.VolumeID])
+		e.launchLocked(op, recs[op.Seq])
 		e.mu.Unlock()
 	}
 	e.sweeper.Add(1)
@@ -327,10 +355,13 @@ func (e *Engine) Submit(ctx context.Context, req Request) (Outcome, error) {
 		}
 		switch d.kind {
 		case done:
-			if ok, err := e.confirmedDone(ctx, req, d.vol); err != nil {
+			if ok, err := e.confirmedDone(ctx, req, d); err != nil {
 				return Outcome{}, asError(err)
 			} else if !ok {
 				continue // the world disagrees with the record, which is corrected: plan again
+			}
+			if d.snap != nil {
+				return Outcome{Snapshot: *d.snap}, nil
 			}
 			return Outcome{Volume: *d.vol}, nil
 		case reject:
@@ -368,8 +399,8 @@ func blockedBy(req Request, f *flight, err error) error {
 	if KindOf(err) == Busy || f.event == req.Event {
 		return err
 	}
-	return Errorf(Busy, "volume %s: %s waited for %s (operation %d), which failed: %v; retry",
-		f.volumeID, req.Event, f.event, f.seq, err)
+	return Errorf(Busy, "%s: %s waited for %s (operation %d), which failed: %v; retry",
+		f.subject, req.Event, f.event, f.seq, err)
 }
 
 // waited tells the Observer that req waits on an op it did not start.
@@ -397,7 +428,7 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 			}
 		}
 		var err error
-		p := planner{tx: tx, nodeID: e.cfg.NodeID, now: now, newID: e.cfg.NewID, adopted: adopted}
+		p := planner{tx: tx, nodeID: e.cfg.NodeID, now: now, newID: e.cfg.NewID, newSnapID: e.cfg.NewSnapshotID, adopted: adopted}
 		d, err = p.plan(req)
 		return err
 	})
@@ -440,7 +471,7 @@ func (e *Engine) decide(req Request, adopted *store.Volume) (decision, *flight, 
 // decision writes: a queue entry or note, an adopted record, the accepted
 // op. *f is set by the commit hook to the flight of the op accepted or met.
 func (e *Engine) carryOut(tx *store.Tx, req Request, adopted *store.Volume, now time.Time, d *decision, f **flight) error {
-	p := planner{tx: tx, nodeID: e.cfg.NodeID, now: now, newID: e.cfg.NewID, adopted: adopted}
+	p := planner{tx: tx, nodeID: e.cfg.NodeID, now: now, newID: e.cfg.NewID, newSnapID: e.cfg.NewSnapshotID, adopted: adopted}
 	var err error
 	if *d, err = p.plan(req); err != nil {
 		return err
@@ -457,6 +488,15 @@ func (e *Engine) carryOut(tx *store.Tx, req Request, adopted *store.Volume, now 
 	}
 	switch d.kind {
 	case accept:
+		if d.snap != nil {
+			op, sn := d.op, d.snap
+			if err := tx.AcceptSnapshot(sn, op); err != nil {
+				return err
+			}
+			opCopy, rec := *op, &record{snap: sn.Clone()}
+			tx.OnCommit(func() { *f = e.launchAccepted(&opCopy, rec) })
+			return nil
+		}
 		if adopted != nil && d.vol.ID == adopted.ID {
 			if err := e.recordAdoption(tx, adopted, d.vol, now); err != nil {
 				return err
@@ -466,8 +506,8 @@ func (e *Engine) carryOut(tx *store.Tx, req Request, adopted *store.Volume, now 
 		if err := tx.Accept(vol, op); err != nil {
 			return err
 		}
-		opCopy, volCopy := *op, *vol
-		tx.OnCommit(func() { *f = e.launchAccepted(&opCopy, &volCopy) })
+		opCopy, rec := *op, &record{vol: vol.Clone()}
+		tx.OnCommit(func() { *f = e.launchAccepted(&opCopy, rec) })
 	case join, waitThenReplan, cancelThenReplan:
 		seq := d.seq
 		tx.OnCommit(func() { *f = e.flight(seq) })
@@ -504,14 +544,14 @@ func (e *Engine) resume(seq uint64) (*flight, error) {
 		return f, nil
 	}
 	var op *store.Op
-	var v *store.Volume
+	var r *record
 	err := e.st.View(func(tx *store.Tx) error {
 		var err error
 		if op, err = tx.Op(seq); err != nil || op == nil || !op.Status.Active() {
 			op = nil
 			return err
 		}
-		if v, err = tx.Volume(op.VolumeID); err != nil || v == nil || v.ActiveOp != seq {
+		if r, err = activeRecord(tx, op); err != nil || r == nil {
 			op = nil
 		}
 		return err
@@ -519,8 +559,40 @@ func (e *Engine) resume(seq uint64) (*flight, error) {
 	if err != nil || op == nil {
 		return nil, err
 	}
-	e.log.Warn().Uint64("op", seq).Str("volume", op.VolumeID).Str("event", string(op.Event)).Msg("op had no worker; resuming it")
-	return e.launchLocked(op, v), nil
+	e.log.Warn().Uint64("op", seq).Str("volume", op.VolumeID).Str("snapshot", op.SnapshotID).Str("event", string(op.Event)).
+		Msg("op had no worker; resuming it")
+	return e.launchLocked(op, r), nil
+}
+
+// record is the volume or the snapshot an op runs on (one is set).
+type record struct {
+	vol  *store.Volume
+	snap *store.Snapshot
+}
+
+// activeRecord reads the record of an active op, or nil when it does not
+// name the op as its active op.
+func activeRecord(tx *store.Tx, op *store.Op) (*record, error) {
+	if op.SnapshotID != "" {
+		s, err := tx.Snapshot(op.SnapshotID)
+		if err != nil || s == nil || s.ActiveOp != op.Seq {
+			return nil, err
+		}
+		return &record{snap: s}, nil
+	}
+	v, err := tx.Volume(op.VolumeID)
+	if err != nil || v == nil || v.ActiveOp != op.Seq {
+		return nil, err
+	}
+	return &record{vol: v}, nil
+}
+
+// subjectOf names an op's volume or snapshot, for messages.
+func subjectOf(op *store.Op) string {
+	if op.SnapshotID != "" {
+		return "snapshot " + op.SnapshotID
+	}
+	return "volume " + op.VolumeID
 }
 
 func (e *Engine) adopt(ctx context.Context, req Request) (*store.Volume, error) {
@@ -546,28 +618,33 @@ func (e *Engine) isClosed() bool {
 }
 
 // launchAccepted starts the worker of an op its transaction has just
-// accepted. It runs in the commit hook: the op is durable, nothing of it has
-// run yet (crash point ops.queued). An op accepted while Close runs is left
-// queued for the next start.
-func (e *Engine) launchAccepted(op *store.Op, v *store.Volume) *flight {
+// accepted, on its volume or snapshot r. It runs in the commit hook: the
+// op is durable, nothing of it has run yet (crash point ops.queued). An op
+// accepted while Close runs is left queued for the next start.
+func (e *Engine) launchAccepted(op *store.Op, r *record) *flight {
 	crash.Point(crash.OpsQueued)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil
 	}
-	return e.launchLocked(op, v)
+	return e.launchLocked(op, r)
 }
 
-// launchLocked registers a flight for op and starts its worker, unless it
-// has one already. e.mu held.
-func (e *Engine) launchLocked(op *store.Op, v *store.Volume) *flight {
+// launchLocked registers a flight for op on its volume or snapshot r and
+// starts its worker, unless it has one already. e.mu held.
+func (e *Engine) launchLocked(op *store.Op, r *record) *flight {
 	if f := e.flights[op.Seq]; f != nil {
 		return f
 	}
 	ctx, cancel := context.WithCancelCause(e.base)
-	f := &flight{seq: op.Seq, event: op.Event, volumeID: op.VolumeID, op: op, vol: *v,
+	f := &flight{seq: op.Seq, event: op.Event, subject: subjectOf(op), op: op,
 		ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	if r.snap != nil {
+		f.snap = *r.snap
+	} else {
+		f.vol = *r.vol
+	}
 	e.flights[op.Seq] = f
 	e.workers.Add(1)
 	go e.run(f)
@@ -581,11 +658,13 @@ func (e *Engine) await(ctx context.Context, f *flight, why string) (Outcome, err
 		if f.err != nil {
 			return Outcome{}, f.err
 		}
-		return Outcome{Volume: f.out, OpSeq: f.seq}, nil
+		out := f.out
+		out.OpSeq = f.seq
+		return out, nil
 	case <-ctx.Done():
 		msg := why
 		if msg == "" {
-			msg = fmt.Sprintf("operation %d (%s of volume %s) is still running", f.seq, f.event, f.volumeID)
+			msg = fmt.Sprintf("operation %d (%s of %s) is still running", f.seq, f.event, f.subject)
 		}
 		if p := f.progress.Load(); p != nil {
 			msg += " (" + *p + ")"

@@ -187,9 +187,12 @@ func asError(err error) *Error {
 // A damaged record is DataLoss, naming it: csid does not act on the volume
 // until the record is restored (the answer is the same on every retry).
 func storeError(req Request, err error) *Error {
-	who := "volume " + req.VolumeID
-	if a, ok := req.Args.(*CreateArgs); ok {
+	who := req.subject()
+	switch a := req.Args.(type) {
+	case *CreateArgs:
 		who = fmt.Sprintf("volume name %q", a.Name)
+	case *SnapshotCreateArgs:
+		who = fmt.Sprintf("snapshot name %q", a.Name)
 	}
 	return readError(fmt.Sprintf("%s: %s", who, req.Event), err)
 }

@@ -82,7 +82,7 @@ func (x *fakeExec) compensations(e fsm.Event) int {
 const deferredExpand fsm.Event = "expand [deferred]"
 
 func (x *fakeExec) Execute(ctx context.Context, ex *Exec) (Result, error) {
-	id, ev := ex.Op.VolumeID, ex.Op.Event
+	id, ev := ex.Op.Subject(), ex.Op.Event
 	if ex.Op.Guard == fsm.Deferred {
 		ev = deferredExpand // a queued target recorded on the disk: not a resize
 	}
@@ -144,9 +144,15 @@ func fakeResult(ex *Exec) (Result, error) {
 			return Result{}, err
 		}
 		return Result{CapacityBytes: a.RequiredBytes}, nil
+	case fsm.SnapshotCreate:
+		return Result{CloudSnapshotID: "cloud-" + ex.Op.SnapshotID, CapacityBytes: snapBytes, ReadyToUse: true,
+			CutAt: ex.Op.CreatedAt}, nil
 	}
 	return Result{}, nil
 }
+
+// snapBytes is the size fakeExec reports for every snapshot.
+const snapBytes = 3 * gib
 
 func (x *fakeExec) Compensate(ctx context.Context, ex *Exec) error {
 	x.mu.Lock()
@@ -157,7 +163,7 @@ func (x *fakeExec) Compensate(ctx context.Context, ex *Exec) error {
 
 func allEvents(ex Executor) map[fsm.Event]Executor {
 	m := map[fsm.Event]Executor{}
-	for _, e := range fsm.Events {
+	for _, e := range fsm.AllOpEvents() {
 		m[e] = ex
 	}
 	return m
@@ -332,6 +338,24 @@ func expandReq(id string, size int64) Request {
 
 func deleteReq(id string) Request { return Request{VolumeID: id, Event: fsm.Delete} }
 
+func snapshotReq(name, source string) Request {
+	return Request{Event: fsm.SnapshotCreate, Args: &SnapshotCreateArgs{Name: name, SourceVolumeID: source}}
+}
+
+func deleteSnapshotReq(id string) Request { return Request{SnapshotID: id, Event: fsm.SnapshotDelete} }
+
+// restoreReq creates a volume from a snapshot (or, with volume, from a
+// volume); size 0 asks for no size.
+func restoreReq(name string, src ContentSource, size int64) Request {
+	a := &CreateArgs{Name: name, SizeBytes: max(size, gib), RequiredBytes: size, Capability: mountCap, Source: &src}
+	return Request{Event: fsm.Create, Args: a}
+}
+
+func (h *harness) snapshot(id string) *store.Snapshot {
+	h.t.Helper()
+	return read(h, func(tx *store.Tx) (*store.Snapshot, error) { return tx.Snapshot(id) })
+}
+
 func wantCode(t testing.TB, err error, code codes.Code) {
 	t.Helper()
 	if status.Code(err) != code {
@@ -361,6 +385,9 @@ func checkInvariants(t testing.TB, h *harness) {
 		}
 		histories, err := tx.Histories()
 		if err != nil {
+			return err
+		}
+		if err := checkSnapshots(t, tx, histories); err != nil {
 			return err
 		}
 		return tx.ForEachVolume("", func(v *store.Volume) bool {
@@ -425,6 +452,35 @@ func checkHistoryChain(t testing.TB, v *store.Volume, hist []store.HistoryEntry)
 	if top != v.Generation || at[top] != v.State {
 		t.Errorf("volume %s is %s at generation %d, but its history ends at generation %d in %s", v.ID, v.State, v.Generation, top, at[top])
 	}
+}
+
+// checkSnapshots asserts the invariants of the snapshots: every snapshot
+// READY, cut at the provider, with a history of legal steps of the
+// snapshot lifecycle that ends in its state at its generation.
+func checkSnapshots(t testing.TB, tx *store.Tx, histories map[string][]store.HistoryEntry) error {
+	t.Helper()
+	return tx.ForEachSnapshot("", func(s *store.Snapshot) bool {
+		if s.State != fsm.Ready || s.CloudID == "" {
+			t.Errorf("snapshot %s is %s, cloud id %q", s.ID, s.State, s.CloudID)
+		}
+		hist := histories[s.ID]
+		if len(hist) == 0 {
+			t.Errorf("snapshot %s has no history", s.ID)
+			return true
+		}
+		for i, e := range hist {
+			if e.Outcome != "ok" && e.OpSeq != 0 {
+				continue
+			}
+			if step, err := fsm.Snapshots.Next(e.From, e.Event, e.Guard); err != nil || step.To != e.To {
+				t.Errorf("snapshot %s history entry %d is not a step of the snapshot lifecycle: %+v", s.ID, i, e)
+			}
+		}
+		if last := hist[len(hist)-1]; last.To != s.State || last.Generation != s.Generation {
+			t.Errorf("snapshot %s is %s at generation %d but its history ends with %+v", s.ID, s.State, s.Generation, last)
+		}
+		return true
+	})
 }
 
 func waitEntered(t testing.TB, x *fakeExec, want string) {

@@ -35,9 +35,12 @@ const (
 type decision struct {
 	kind decisionKind
 	vol  *store.Volume // done: the answer; accept: the volume to write
-	op   *store.Op     // accept: the op to write
-	seq  uint64        // join, wait, cancel: the op in flight
-	err  *Error        // reject: the answer
+	// snap is vol for a snapshot's request: the answer, or the snapshot
+	// to write.
+	snap *store.Snapshot
+	op   *store.Op // accept: the op to write
+	seq  uint64    // join, wait, cancel: the op in flight
+	err  *Error    // reject: the answer
 	// resize and note are written with the decision: a deferred expand,
 	// a raised resize target.
 	resize *store.Resize
@@ -60,6 +63,8 @@ type planner struct {
 	nodeID string
 	now    time.Time
 	newID  func() string
+	// newSnapID draws snapshot ids.
+	newSnapID func() string
 	// adopted is the record a node adopts for a volume it has not seen
 	// (node mode), resolved before the transaction; nil otherwise.
 	adopted *store.Volume
@@ -67,8 +72,13 @@ type planner struct {
 
 func (p *planner) plan(req Request) (decision, error) {
 	raw, fp := encodeArgs(req.Args)
-	if req.Event == fsm.Create {
+	switch req.Event {
+	case fsm.Create:
 		return p.planCreate(req.Args.(*CreateArgs), raw, fp)
+	case fsm.SnapshotCreate:
+		return p.planSnapshotCreate(req.Args.(*SnapshotCreateArgs), raw, fp)
+	case fsm.SnapshotDelete:
+		return p.planSnapshotDelete(req, raw, fp)
 	}
 	v, err := p.tx.Volume(req.VolumeID)
 	if err != nil {
@@ -151,8 +161,8 @@ func inFlight(active *store.Op, e fsm.Event, fp string) (decision, error) {
 	if active.Event == e && active.Fingerprint == fp {
 		return decision{kind: join, seq: active.Seq}, nil
 	}
-	return rejectf(Busy, "volume %s has operation %d (%s) in progress; retry later",
-		active.VolumeID, active.Seq, active.Event)
+	return rejectf(Busy, "%s has operation %d (%s) in progress; retry later",
+		subjectOf(active), active.Seq, active.Event)
 }
 
 // accessMismatch refuses a request for another access type (block or
@@ -231,19 +241,26 @@ func (p *planner) planCreate(a *CreateArgs, raw []byte, fp string) (decision, er
 			}
 		}
 	}
-	id = p.newID()
-	for tries := 0; ; tries++ {
-		if clash, err := p.tx.Volume(id); err != nil {
-			return decision{}, err
-		} else if clash == nil {
-			break
-		} else if tries > 8 {
-			return decision{}, fmt.Errorf("ops: could not draw a free volume id")
-		}
-		id = p.newID()
+	src, refused, err := p.contentSource(a)
+	if err != nil || refused != nil {
+		return decision{kind: reject, err: refused}, err
+	}
+	size, refused := sourcedSize(a, src)
+	if refused != nil {
+		return decision{kind: reject, err: refused}, nil
+	}
+	if size != a.SizeBytes {
+		// The op creates the size the source needs; the request's
+		// fingerprint stays its idempotency key.
+		sized := *a
+		sized.SizeBytes = size
+		raw, _ = encodeArgs(&sized)
+	}
+	if id, err = p.freeID(p.newID); err != nil {
+		return decision{}, err
 	}
 	v := &store.Volume{ID: id, Name: a.Name, State: fsm.Absent, Parameters: maps.Clone(a.Parameters),
-		Capability: a.Capability, CreatedAt: p.now, UpdatedAt: p.now}
+		Capability: a.Capability, Source: src, CreatedAt: p.now, UpdatedAt: p.now}
 	return p.acceptStep(v, fsm.Create, fsm.NoGuard, raw, fp)
 }
 
@@ -261,6 +278,11 @@ func createIncompatible(v *store.Volume, a *CreateArgs) string {
 		return fmt.Sprintf("with access type %s", v.Capability.AccessType)
 	case len(a.Zones) > 0 && v.Zone != "" && !slices.Contains(a.Zones, v.Zone):
 		return fmt.Sprintf("in zone %s, outside the requested topology", v.Zone)
+	case !v.Source.Same(sourceOf(a.Source)):
+		if v.Source == nil {
+			return "empty, not from a content source"
+		}
+		return "from " + v.Source.String()
 	}
 	return ""
 }

@@ -5,19 +5,33 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/store"
 )
 
-// Request asks the engine for one transition of one volume.
+// Request asks the engine for one transition of one volume, or of one
+// snapshot (the snapshot lifecycle's events, fsm.Event.OfSnapshot).
 type Request struct {
-	// VolumeID is the volume; empty for create (the engine assigns it).
+	// VolumeID is the volume; empty for create (the engine assigns it)
+	// and for a snapshot's events.
 	VolumeID string
-	Event    fsm.Event
+	// SnapshotID is the snapshot of a snapshot_delete; empty otherwise
+	// (snapshot_create: the engine assigns it).
+	SnapshotID string
+	Event      fsm.Event
 	// Args is a pointer to the event's argument struct (*CreateArgs for
-	// create, and so on; nil for delete).
+	// create, and so on; nil for delete and snapshot_delete).
 	Args any
+}
+
+// subject is the volume or snapshot the request is about, for messages.
+func (r Request) subject() string {
+	if r.Event.OfSnapshot() {
+		return "snapshot " + r.SnapshotID
+	}
+	return "volume " + r.VolumeID
 }
 
 // CreateArgs are the arguments of create.
@@ -35,7 +49,36 @@ type CreateArgs struct {
 	// Zones are the zones the volume may be created in, in order of
 	// preference; empty means the provider's default.
 	Zones []string `json:"zones,omitempty"`
+	// Source, when set, is what the volume's content is copied from (CSI's
+	// volume_content_source); part of the name's idempotency: the same
+	// name with another source is AlreadyExists. When the caller asked for
+	// no size (RequiredBytes and LimitBytes 0), the volume takes the
+	// source's; a size below the source's is raised to it within
+	// LimitBytes (OutOfRange beyond).
+	Source *ContentSource `json:"source,omitempty"`
 }
+
+// ContentSource names what a new volume is copied from: exactly one of a
+// snapshot and a volume, by csid's ids.
+type ContentSource struct {
+	SnapshotID string `json:"snapshotID,omitempty"`
+	VolumeID   string `json:"volumeID,omitempty"`
+}
+
+// SnapshotCreateArgs are the arguments of snapshot_create.
+type SnapshotCreateArgs struct {
+	// Name is the CO's name for the snapshot: the idempotency key.
+	Name string `json:"name"`
+	// SourceVolumeID is the volume to snapshot.
+	SourceVolumeID string            `json:"sourceVolumeID"`
+	Parameters     map[string]string `json:"parameters,omitempty"`
+	// Zones, when set, are the zones the snapshot must be accessible from
+	// (one of them): the source volume's zone must be one.
+	Zones []string `json:"zones,omitempty"`
+}
+
+// SnapshotDeleteArgs are the arguments of snapshot_delete (none).
+type SnapshotDeleteArgs struct{}
 
 // ControllerPublishArgs are the arguments of controller_publish.
 type ControllerPublishArgs struct {
@@ -124,6 +167,13 @@ func argsType(e fsm.Event, a any) error {
 		_, ok = a.(*ExpandArgs)
 	case fsm.NodeExpand:
 		_, ok = a.(*NodeExpandArgs)
+	case fsm.SnapshotCreate:
+		_, ok = a.(*SnapshotCreateArgs)
+	case fsm.SnapshotDelete:
+		ok = a == nil
+		if !ok {
+			_, ok = a.(*SnapshotDeleteArgs)
+		}
 	default:
 		return fmt.Errorf("ops: unknown event %q", e)
 	}
@@ -169,12 +219,18 @@ func DecodeArgs[T any](op *store.Op) (*T, error) {
 }
 
 // Result is what an executor reports; the engine folds it into the volume
-// record when it commits the op.
+// (or snapshot) record when it commits the op.
 type Result struct {
-	// DiskID, CapacityBytes and Zone: create (and CapacityBytes: expand).
+	// DiskID, CapacityBytes and Zone: create (and CapacityBytes: expand;
+	// snapshot_create: the snapshot's size).
 	DiskID        string `json:"diskID,omitempty"`
 	CapacityBytes int64  `json:"capacityBytes,omitempty"`
 	Zone          string `json:"zone,omitempty"`
+	// CloudSnapshotID, ReadyToUse and CutAt: snapshot_create, the
+	// provider's snapshot.
+	CloudSnapshotID string    `json:"cloudSnapshotID,omitempty"`
+	ReadyToUse      bool      `json:"readyToUse,omitempty"`
+	CutAt           time.Time `json:"cutAt,omitzero"`
 	// PublishContext: controller_publish.
 	PublishContext map[string]string `json:"publishContext,omitempty"`
 	// Device: node_stage, and node_publish: the device proven to be the
@@ -187,6 +243,8 @@ type Outcome struct {
 	// Volume is the record as the op left it (or as it was found, for a
 	// request that was already satisfied).
 	Volume store.Volume
+	// Snapshot is the same for a snapshot's request.
+	Snapshot store.Snapshot
 	// OpSeq is the op that produced the outcome; 0 when the request was
 	// already satisfied and no op ran.
 	OpSeq uint64

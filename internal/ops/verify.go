@@ -88,10 +88,14 @@ func Forget(tx *store.Tx, v *store.Volume, why string, now time.Time) (bool, err
 }
 
 // confirmedDone asks the Confirmer about a request the record says is
-// done. It reports whether the answer stands; when it does not, the
-// correction has been recorded (unless the volume moved on meanwhile) and
-// the caller plans again.
-func (e *Engine) confirmedDone(ctx context.Context, req Request, v *store.Volume) (bool, error) {
+// done (d.vol; d.snap for a snapshot's request). It reports whether the
+// answer stands; when it does not, the correction has been recorded
+// (unless the volume moved on meanwhile) and the caller plans again.
+func (e *Engine) confirmedDone(ctx context.Context, req Request, d decision) (bool, error) {
+	if d.snap != nil {
+		return e.confirmedSnapshot(ctx, d.snap)
+	}
+	v := d.vol
 	if e.cfg.Confirm == nil || v == nil || v.State == fsm.Absent {
 		return true, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/csid-dev/csid/internal/crash"
@@ -15,13 +16,18 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Exec is what an executor gets: the op (read-only), the volume as it was
-// when the op was accepted, and a way to record progress.
+// Exec is what an executor gets: the op (read-only), the volume (or
+// snapshot) as it was when the op was accepted, and a way to record
+// progress.
 type Exec struct {
 	// Op is the op being executed. Executors must not modify it.
 	Op *store.Op
-	// Volume is the volume record as it was when the op was accepted.
+	// Volume is the volume record as it was when the op was accepted (a
+	// volume's op).
 	Volume store.Volume
+	// Snapshot is the snapshot record as it was when the op was accepted
+	// (a snapshot's op).
+	Snapshot store.Snapshot
 	// Log carries the volume id, op and event.
 	Log zerolog.Logger
 
@@ -34,15 +40,20 @@ type Exec struct {
 // An error (the state file cannot be written) is transient: return it, and
 // the attempt is retried.
 func (x *Exec) Checkpoint(key, value string) error {
+	return x.CheckpointAll(map[string]string{key: value})
+}
+
+// CheckpointAll is Checkpoint of several keys, in one commit.
+func (x *Exec) CheckpointAll(kv map[string]string) error {
 	cp := maps.Clone(x.Op.Checkpoints)
 	if cp == nil {
 		cp = map[string]string{}
 	}
-	cp[key] = value
+	maps.Copy(cp, kv)
 	o := *x.Op
 	o.Checkpoints = cp
 	if err := x.e.st.Update(func(tx *store.Tx) error { return tx.UpdateOp(&o) }); err != nil {
-		return fmt.Errorf("checkpoint %s of op %d: %w", key, x.Op.Seq, err)
+		return fmt.Errorf("checkpoint %v of op %d: %w", slices.Sorted(maps.Keys(kv)), x.Op.Seq, err)
 	}
 	x.Op.Checkpoints = cp
 	return nil
@@ -61,8 +72,14 @@ func (x *Exec) Checkpointed(key string) (string, bool) {
 func (e *Engine) run(f *flight) {
 	defer e.workers.Done()
 	op := f.op
-	log := e.log.With().Uint64("op", op.Seq).Str("volume", op.VolumeID).Str("event", string(op.Event)).Logger()
-	x := &Exec{Op: op, Volume: f.vol, Log: log, e: e}
+	lc := e.log.With().Uint64("op", op.Seq).Str("event", string(op.Event))
+	if op.SnapshotID != "" {
+		lc = lc.Str("snapshot", op.SnapshotID)
+	} else {
+		lc = lc.Str("volume", op.VolumeID)
+	}
+	log := lc.Logger()
+	x := &Exec{Op: op, Volume: f.vol, Snapshot: f.snap, Log: log, e: e}
 	exec := e.cfg.Executors[op.Event]
 
 	if exec == nil {
@@ -166,14 +183,14 @@ func (e *Engine) interrupted(f *flight, x *Exec, exec Executor, log zerolog.Logg
 		e.abandon(f, log)
 		return
 	}
-	e.fail(f, x, exec, Errorf(Busy, "%s of volume %s (operation %d) was %v", f.event, f.volumeID, f.seq, cause), false, log)
+	e.fail(f, x, exec, Errorf(Busy, "%s of %s (operation %d) was %v", f.event, f.subject, f.seq, cause), false, log)
 }
 
 // abandon leaves the op active in the store (it resumes at the next start)
 // and releases whoever waits on it. Only shutdown abandons an op.
 func (e *Engine) abandon(f *flight, log zerolog.Logger) {
 	log.Info().Msg("op left for the next start")
-	e.release(f, store.Volume{}, ErrClosed)
+	e.release(f, Outcome{}, ErrClosed)
 }
 
 // recordAttempt records a failed attempt on the op (and its queued
@@ -229,7 +246,7 @@ func (e *Engine) fail(f *flight, x *Exec, exec Executor, oe *Error, transient bo
 	now := e.cfg.Clock.Now()
 	var out store.Volume
 	var next *store.Op
-	ok := e.commit(f, "commit the failure", func(tx *store.Tx) error {
+	commit := func(tx *store.Tx) error {
 		next = nil
 		v, err := e.activeVolume(tx, op)
 		if err != nil {
@@ -250,10 +267,13 @@ func (e *Engine) fail(f *flight, x *Exec, exec Executor, oe *Error, transient bo
 		if next, err = q.afterCommit(v, &o); err != nil {
 			return err
 		}
-		e.onOutcome(tx, f, op, "failed", now, out, oe, next, v)
+		e.onOutcome(tx, f, op, "failed", now, Outcome{Volume: out}, oe, next, v)
 		return nil
-	}, log)
-	if ok {
+	}
+	if op.SnapshotID != "" {
+		commit = func(tx *store.Tx) error { return e.finishSnapshot(tx, f, op, now, Result{}, oe) }
+	}
+	if e.commit(f, "commit the failure", commit, log) {
 		log.Warn().Str("code", oe.Kind.Code().String()).Str("reason", oe.Msg).Msg("op failed")
 	}
 }
@@ -298,7 +318,7 @@ func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 	op := f.op
 	now := e.cfg.Clock.Now()
 	var next *store.Op
-	ok := e.commit(f, "commit the outcome", func(tx *store.Tx) error {
+	commit := func(tx *store.Tx) error {
 		next = nil
 		v, err := e.activeVolume(tx, op)
 		if err != nil {
@@ -322,10 +342,13 @@ func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 		if next, err = (deferredResize{tx: tx, now: now}).afterCommit(v, &o); err != nil {
 			return err
 		}
-		e.onOutcome(tx, f, op, "succeeded", now, out, nil, next, v)
+		e.onOutcome(tx, f, op, "succeeded", now, Outcome{Volume: out}, nil, next, v)
 		return nil
-	}, log)
-	if ok {
+	}
+	if op.SnapshotID != "" {
+		commit = func(tx *store.Tx) error { return e.finishSnapshot(tx, f, op, now, res, nil) }
+	}
+	if e.commit(f, "commit the outcome", commit, log) {
 		log.Debug().Str("to", string(op.To)).Msg("op succeeded")
 	}
 }
@@ -334,16 +357,16 @@ func (e *Engine) succeed(f *flight, res Result, log zerolog.Logger) {
 // metrics, the answer to its waiters and the launch of a resize the commit
 // accepted (next, on volume after).
 func (e *Engine) onOutcome(tx *store.Tx, f *flight, op *store.Op, outcome string, now time.Time,
-	out store.Volume, oe *Error, next *store.Op, after *store.Volume) {
-	var nextVol store.Volume
+	out Outcome, oe *Error, next *store.Op, after *store.Volume) {
+	var nextRec *record
 	if next != nil {
-		nextVol = *after
+		nextRec = &record{vol: after.Clone()}
 	}
 	tx.OnCommit(func() {
 		e.observe(op, outcome, now)
 		e.release(f, out, oe)
 		if next != nil {
-			e.launchAccepted(next, &nextVol)
+			e.launchAccepted(next, nextRec)
 		}
 	})
 }
@@ -368,7 +391,7 @@ func (e *Engine) commit(f *flight, what string, fn func(tx *store.Tx) error, log
 		}
 		if !errors.Is(err, store.ErrUnavailable) {
 			log.Error().Err(err).Msgf("cannot %s", what)
-			e.release(f, store.Volume{}, Errorf(Internal, "operation %d (%s of volume %s): cannot %s: %v", f.seq, f.event, f.volumeID, what, err))
+			e.release(f, Outcome{}, Errorf(Internal, "operation %d (%s of %s): cannot %s: %v", f.seq, f.event, f.subject, what, err))
 			return false
 		}
 		msg := fmt.Sprintf("waiting to %s: %v", what, err)
@@ -413,11 +436,11 @@ func (e *Engine) activeVolume(tx *store.Tx, op *store.Op) (*store.Volume, error)
 // gets the outcome (err nil) or the error. For an outcome it runs in the
 // commit hook, so no later transaction can see the op finished while its
 // flight is still registered, nor active without one.
-func (e *Engine) release(f *flight, v store.Volume, err *Error) {
+func (e *Engine) release(f *flight, out Outcome, err *Error) {
 	e.mu.Lock()
 	delete(e.flights, f.seq)
 	e.mu.Unlock()
-	f.out, f.err = v, err
+	f.out, f.err = out, err
 	close(f.done)
 }
 
@@ -531,8 +554,8 @@ func (e *Engine) startQueuedResize(id string, now time.Time) error {
 		if err != nil || op == nil {
 			return err
 		}
-		vol := *v
-		tx.OnCommit(func() { e.launchAccepted(op, &vol) })
+		rec := &record{vol: v.Clone()}
+		tx.OnCommit(func() { e.launchAccepted(op, rec) })
 		return nil
 	})
 }

@@ -7,8 +7,10 @@
 //     operator asked for a rebuild.
 //   - Rebuild: a controller's state file with no records at all is rebuilt
 //     from the cloud, when the operator asks: every disk csid created
-//     carries its volume id, name, capability, parameters and driver name
-//     as tags, and the cloud says where it is attached.
+//     carries its volume id, name, capability, parameters, content source
+//     and driver name as tags, and the cloud says where it is attached;
+//     every snapshot csid took carries its snapshot id, name, source
+//     volume, parameters and driver name.
 //   - Node: the host's mounts are the truth about what is staged and
 //     published. A record whose mounts are gone (the node rebooted) is
 //     rolled back, so that kubelet's next NodeStageVolume mounts again
@@ -117,6 +119,9 @@ func (r *Reconciler) Rebuild(ctx context.Context) (int, error) {
 			empty = false
 			return nil
 		}
+		if err := tx.ForEachSnapshot("", func(*store.Snapshot) bool { empty = false; return false }); err != nil || !empty {
+			return err
+		}
 		return tx.ForEachOp(func(*store.Op) bool { empty = false; return false })
 	})
 	if err != nil || !empty {
@@ -142,8 +147,18 @@ func (r *Reconciler) Rebuild(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	snaps, err := r.snapshots(ctx, vols)
+	if err != nil {
+		return 0, err
+	}
 	now := r.now()
 	err = r.Store.Update(func(tx *store.Tx) error {
+		for _, s := range snaps {
+			if err := tx.ReconcileSnapshot(s.Clone(), fsm.Rebuild, fsm.NoGuard,
+				fmt.Sprintf("rebuilt from the provider's snapshot %s", s.CloudID), now); err != nil {
+				return err
+			}
+		}
 		for _, v := range vols {
 			v := v.Clone()
 			outcome, guard := fmt.Sprintf("rebuilt from the cloud: disk %s", v.DiskID), fsm.Detached
@@ -170,7 +185,8 @@ func (r *Reconciler) Rebuild(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	r.Log.Warn().Int("volumes", len(vols)).Int("resizes", len(resizeTo)).Msg("volume records rebuilt from the cloud (--rebuild-from-cloud)")
+	r.Log.Warn().Int("volumes", len(vols)).Int("resizes", len(resizeTo)).Int("snapshots", len(snaps)).
+		Msg("volume and snapshot records rebuilt from the cloud (--rebuild-from-cloud)")
 	return len(vols), nil
 }
 
@@ -189,6 +205,11 @@ func fromDisk(d cloud.Disk) (*store.Volume, error) {
 		if err := json.Unmarshal([]byte(raw), &v.Parameters); err != nil {
 			return nil, fmt.Errorf("parameters tag: %w", err)
 		}
+	}
+	if src, ok := strings.CutPrefix(d.Tags[effects.TagSource], "snapshot:"); ok && d.Source != nil {
+		v.Source = &store.Source{SnapshotID: src, CloudSnapshotID: d.Source.SnapshotID}
+	} else if src, ok := strings.CutPrefix(d.Tags[effects.TagSource], "volume:"); ok && d.Source != nil {
+		v.Source = &store.Source{VolumeID: src, DiskID: d.Source.DiskID}
 	}
 	if d.AttachedTo != "" {
 		v.State = fsm.NodeReady
@@ -464,4 +485,63 @@ func dropVanished(v *store.Volume, mounts []mounter.MountPoint) (*store.Volume, 
 		return nil, "", ""
 	}
 	return nv, guard, why + " (was the node restarted?)"
+}
+
+// snapshots lists the snapshots this csid took that the provider has and
+// says are ready, as records to rebuild (none when the cloud takes no
+// snapshots). A snapshot is accessible from its source volume's zone,
+// when that volume is rebuilt too. A snapshot the provider has not
+// finished was being taken when the state file was lost: it is not
+// rebuilt (csid check reports it; delete it at the provider).
+func (r *Reconciler) snapshots(ctx context.Context, vols []*store.Volume) ([]*store.Snapshot, error) {
+	sn, ok := r.Cloud.(cloud.Snapshotter)
+	if !ok {
+		return nil, nil
+	}
+	zones := map[string]string{}
+	for _, v := range vols {
+		zones[v.ID] = v.Zone
+	}
+	var out []*store.Snapshot
+	token := ""
+	for {
+		page, err := sn.ListSnapshots(ctx, cloud.SnapshotListOptions{ListOptions: cloud.ListOptions{PageToken: token, MaxResults: 500}})
+		if err != nil {
+			return nil, fmt.Errorf("list the provider's snapshots: %w", err)
+		}
+		for _, cs := range page.Snapshots {
+			if !effects.SnapshotMade(cs, r.DriverName) {
+				continue
+			}
+			if !cs.Ready {
+				r.Log.Warn().Str("snapshot", cs.ID).Msg("snapshot not rebuilt: the provider has not finished it")
+				continue
+			}
+			s, err := fromSnapshot(cs)
+			if err != nil {
+				r.Log.Warn().Str("snapshot", cs.ID).Err(err).Msg("snapshot not rebuilt")
+				continue
+			}
+			s.Zone = zones[s.SourceVolumeID]
+			out = append(out, s)
+		}
+		if token = page.NextToken; token == "" {
+			return out, nil
+		}
+	}
+}
+
+// fromSnapshot rebuilds a snapshot record from a snapshot csid took.
+func fromSnapshot(cs cloud.Snapshot) (*store.Snapshot, error) {
+	s := &store.Snapshot{ID: cs.Tags[effects.TagSnapshotID], Name: cs.Tags[effects.TagName], SourceVolumeID: cs.Tags[effects.TagSourceVolume],
+		SourceDiskID: cs.SourceDiskID, CloudID: cs.ID, SizeBytes: cs.SizeBytes, ReadyToUse: cs.Ready, CutAt: cs.CreatedAt, State: fsm.Ready}
+	if s.SourceVolumeID == "" {
+		return nil, fmt.Errorf("no %s tag", effects.TagSourceVolume)
+	}
+	if raw := cs.Tags[effects.TagParameters]; raw != "" && raw != "null" {
+		if err := json.Unmarshal([]byte(raw), &s.Parameters); err != nil {
+			return nil, fmt.Errorf("parameters tag: %w", err)
+		}
+	}
+	return s, nil
 }

@@ -77,6 +77,10 @@ func cloneVolume(v *Volume) *Volume {
 		s := *v.Stage
 		c.Stage = &s
 	}
+	if v.Source != nil {
+		s := *v.Source
+		c.Source = &s
+	}
 	return &c
 }
 

@@ -58,6 +58,7 @@ func TestEveryRecordKindIsChecked(t *testing.T) {
 		at         string
 		bit        byte
 		volume     string
+		snapshot   string
 		lookup     func(tx *Tx) error
 		scanSkips  func(tx *Tx) error
 		wantInScan string
@@ -105,6 +106,18 @@ func TestEveryRecordKindIsChecked(t *testing.T) {
 					return true
 				})
 			}},
+		{kind: "snapshot record", bucket: bucketSnapshots, key: []byte(fixtureSnapshot), at: "67108864", bit: 0x01, snapshot: fixtureSnapshot,
+			lookup: func(tx *Tx) error { _, err := tx.Snapshot(fixtureSnapshot); return err },
+			scanSkips: func(tx *Tx) error {
+				return tx.ForEachSnapshot("", func(s *Snapshot) bool {
+					t.Errorf("ForEachSnapshot returned the damaged snapshot: size %d", s.SizeBytes)
+					return true
+				})
+			}},
+		{kind: "snapshot name index entry", bucket: bucketSnapNames, key: []byte("vs-0"), at: "snap", bit: 0x02,
+			lookup: func(tx *Tx) error { _, err := tx.SnapshotIDByName("vs-0"); return err }},
+		{kind: "snapshot's finished op", bucket: bucketOps, key: u64(9), at: "snapshot_create", bit: 0x04, snapshot: fixtureSnapshot,
+			lookup: func(tx *Tx) error { _, err := tx.Op(9); return err }},
 		{kind: "history note", bucket: bucketHistory, key: historyKey(historyPrefix(vol), 0), at: "queued", bit: 0x20, volume: vol,
 			scanSkips: func(tx *Tx) error {
 				h, err := tx.History(vol)
@@ -146,8 +159,8 @@ func TestEveryRecordKindIsChecked(t *testing.T) {
 					t.Errorf("another volume: %+v, %v", v, err)
 				}
 				bad, err := tx.Damaged()
-				if err != nil || len(bad) != 1 || bad[0].Bucket != string(c.bucket) || bad[0].VolumeID != c.volume {
-					t.Errorf("Damaged: %v, %v; want the %s record of volume %q", bad, err, c.bucket, c.volume)
+				if err != nil || len(bad) != 1 || bad[0].Bucket != string(c.bucket) || bad[0].VolumeID != c.volume || bad[0].SnapshotID != c.snapshot {
+					t.Errorf("Damaged: %v, %v; want the %s record of volume %q, snapshot %q", bad, err, c.bucket, c.volume, c.snapshot)
 				}
 				return nil
 			})

@@ -26,14 +26,18 @@ var ErrDamaged = errors.New("damaged record")
 // DamagedError names a damaged record. csid does not act on it: the
 // volume it belongs to answers with it until the record is restored.
 type DamagedError struct {
-	// Bucket is where the record is: volumes, names, ops, active, resize
-	// or history.
+	// Bucket is where the record is: volumes, names, ops, active, resize,
+	// history, snapshots or snapnames.
 	Bucket string `json:"bucket"`
-	// Key is the record's key, printable: a volume id, a volume name, an
-	// op's sequence number, or "<volume id>#<n>" for a history note.
+	// Key is the record's key, printable: a volume or snapshot id, a
+	// volume or snapshot name, an op's sequence number, or "<id>#<n>" for
+	// a history note.
 	Key string `json:"key"`
 	// VolumeID is the volume the record belongs to, when it is known.
 	VolumeID string `json:"volumeID,omitempty"`
+	// SnapshotID is the snapshot the record belongs to, when it is known
+	// (then VolumeID is empty).
+	SnapshotID string `json:"snapshotID,omitempty"`
 	// Problem says what is wrong ("fails its checksum", ...).
 	Problem string `json:"problem"`
 }
@@ -42,6 +46,9 @@ func (e *DamagedError) Error() string {
 	s := fmt.Sprintf("%s %s (%s/%s) %s", recordKinds[e.Bucket], e.Key, e.Bucket, e.Key, e.Problem)
 	if e.VolumeID != "" && e.VolumeID != e.Key {
 		s += fmt.Sprintf(" (it belongs to volume %s)", e.VolumeID)
+	}
+	if e.SnapshotID != "" && e.SnapshotID != e.Key {
+		s += fmt.Sprintf(" (it belongs to snapshot %s)", e.SnapshotID)
 	}
 	return s
 }
@@ -53,6 +60,7 @@ func (e *DamagedError) Is(target error) bool { return target == ErrDamaged }
 var recordKinds = map[string]string{
 	"volumes": "the volume record", "names": "the name index entry", "ops": "the op record",
 	"active": "the active-op index entry", "resize": "the resize record", "history": "the history note",
+	"snapshots": "the snapshot record", "snapnames": "the snapshot name index entry",
 }
 
 func checksum(key, payload []byte) uint32 {
@@ -91,6 +99,8 @@ func damaged(bucket, key []byte, problem string) *DamagedError {
 		if id, _, ok := splitHistoryKey(key); ok {
 			e.VolumeID = id
 		}
+	case string(bucketSnapshots):
+		e.SnapshotID = string(key)
 	}
 	return e
 }
@@ -121,7 +131,8 @@ func splitHistoryKey(key []byte) (id string, n uint64, ok bool) {
 
 // sealedBuckets hold sealed values; the meta bucket's two numbers (the
 // schema version and the pruning cursor) are checked by their length.
-var sealedBuckets = [][]byte{bucketVolumes, bucketNames, bucketOps, bucketActive, bucketResize, bucketHistory}
+var sealedBuckets = [][]byte{bucketVolumes, bucketNames, bucketOps, bucketActive, bucketResize, bucketHistory,
+	bucketSnapshots, bucketSnapNames}
 
 // asDamaged returns err as a *DamagedError, if it is one.
 func asDamaged(err error) (*DamagedError, bool) {

@@ -7,9 +7,10 @@ import (
 
 // Damaged checks every record of the file, O(records), and returns the
 // damaged ones: those that fail their seal or do not decode, and entries
-// of the active-op index that name no op of their volume. Each names the
-// volume it belongs to when that is known (an op whose record is damaged
-// belongs to the volume whose active or last op it is). Meant for `csid
+// of the active-op index that name no op of their volume or snapshot.
+// Each names the volume (or snapshot) it belongs to when that is known (an
+// op whose record is damaged belongs to the one whose active or last op it
+// is). Meant for `csid
 // check` and `csid state verify`, not for a hot path.
 func (t *Tx) Damaged() ([]*DamagedError, error) {
 	var out []*DamagedError
@@ -28,6 +29,11 @@ func (t *Tx) Damaged() ([]*DamagedError, error) {
 		}
 	}
 	out = append(out, checkRaw(t, bucketNames, nil)...)
+	snaps, err := t.damagedSnapshots(owner)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, snaps...)
 	c = t.tx.Bucket(bucketActive).Cursor()
 	for k, _ := c.First(); k != nil; k, _ = c.Next() {
 		seq, err := t.activeOfKey(k)
@@ -36,8 +42,8 @@ func (t *Tx) Damaged() ([]*DamagedError, error) {
 			continue
 		}
 		owner[seq] = string(k)
-		if op, err := t.Op(seq); err == nil && (op == nil || op.VolumeID != string(k)) {
-			out = append(out, damaged(bucketActive, k, fmt.Sprintf("names op %d, which is not an op of this volume", seq)))
+		if op, err := t.Op(seq); err == nil && (op == nil || op.Subject() != string(k)) {
+			out = append(out, damaged(bucketActive, k, fmt.Sprintf("names op %d, which is not an op of this volume or snapshot", seq)))
 		}
 	}
 	c = t.tx.Bucket(bucketOps).Cursor()
@@ -47,7 +53,7 @@ func (t *Tx) Damaged() ([]*DamagedError, error) {
 			if !ok {
 				return nil, err
 			}
-			d.VolumeID = owner[fromU64(k)]
+			d.VolumeID = owner[fromU64(k)] // a snapshot's: attribute moves it
 			out = append(out, d)
 		}
 	}
@@ -61,10 +67,14 @@ func (t *Tx) Damaged() ([]*DamagedError, error) {
 			out = append(out, d)
 		}
 	}
-	return append(out, checkRaw(t, bucketHistory, func(p []byte) error {
+	out = append(out, checkRaw(t, bucketHistory, func(p []byte) error {
 		var h HistoryEntry
 		return json.Unmarshal(p, &h)
-	})...), nil
+	})...)
+	for _, d := range out {
+		t.attribute(d)
+	}
+	return out, nil
 }
 
 // checkRaw checks the seal (and, with parse, the decoding) of every value

@@ -65,7 +65,12 @@ func writeFixture(t testing.TB, path string, n int, opts Options) {
 			t.Fatal(err)
 		}
 	}
+	// A snapshot of the first volume, cut, after every volume's op.
+	cutSnapshot(t, s, fixtureSnapshot, "vs-0", "vol-00000000000000000000", true)
 }
+
+// fixtureSnapshot is the snapshot writeFixture cuts.
+const fixtureSnapshot = "snap-00000000000000000000"
 
 // readEverything reads every record the way csid does at start and when
 // inspected.
@@ -78,6 +83,12 @@ func readEverything(s *Store) error {
 			return err
 		}
 		if _, err := tx.CountVolumesByState(); err != nil {
+			return err
+		}
+		if _, err := tx.CountSnapshotsByState(); err != nil {
+			return err
+		}
+		if err := tx.ForEachSnapshot("", func(s *Snapshot) bool { _, _ = tx.SnapshotIDByName(s.Name); return true }); err != nil {
 			return err
 		}
 		if err := tx.ForEachOp(func(*Op) bool { return true }); err != nil {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"maps"
 	"time"
 
 	"github.com/csid-dev/csid/internal/fsm"
@@ -41,6 +42,44 @@ type Target struct {
 	Fingerprint string `json:"fingerprint"`
 }
 
+// Source is what a volume's content was copied from when it was created
+// (CSI's volume_content_source): a snapshot or another volume, named by
+// csid's ids as the CO gave them, with the provider's ids they stood for
+// when the create was accepted.
+type Source struct {
+	// SnapshotID or VolumeID: exactly one is set.
+	SnapshotID string `json:"snapshotID,omitempty"`
+	VolumeID   string `json:"volumeID,omitempty"`
+	// CloudSnapshotID is the provider's id of the snapshot; DiskID that of
+	// the source volume's disk.
+	CloudSnapshotID string `json:"cloudSnapshotID,omitempty"`
+	DiskID          string `json:"diskID,omitempty"`
+	// SizeBytes is the source's size: the smallest the volume can be.
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+}
+
+// Same reports whether s and o name the same source (both nil, or the same
+// snapshot or volume).
+func (s *Source) Same(o *Source) bool {
+	if s == nil || o == nil {
+		return s == o
+	}
+	return s.SnapshotID == o.SnapshotID && s.VolumeID == o.VolumeID
+}
+
+// String names the source as a CO would: "snapshot snap-..." or "volume
+// vol-...", "" for none.
+func (s *Source) String() string {
+	switch {
+	case s == nil:
+		return ""
+	case s.SnapshotID != "":
+		return "snapshot " + s.SnapshotID
+	default:
+		return "volume " + s.VolumeID
+	}
+}
+
 // Volume is the stored record of one volume. Its State is a state of the
 // lifecycle (internal/fsm); the record changes only together with an op and
 // a history entry (Tx.Accept, Tx.Finish) or by reconciliation (Tx.Adopt).
@@ -56,6 +95,8 @@ type Volume struct {
 	Attachment    *Attachment       `json:"attachment,omitempty"`
 	Stage         *Stage            `json:"stage,omitempty"`
 	Targets       map[string]Target `json:"targets,omitempty"`
+	// Source is what the volume was created from; nil for an empty volume.
+	Source *Source `json:"source,omitempty"`
 	// ActiveOp is the sequence number of the op queued or running on the
 	// volume; 0 when none. At most one op is active per volume. It is kept
 	// in the small active bucket, not in the record, so that accepting an
@@ -92,15 +133,18 @@ const (
 // Active reports whether an op with this status still has work to do.
 func (s OpStatus) Active() bool { return s == OpQueued || s == OpCompensating }
 
-// Op is one accepted transition of one volume: its intent, its progress and,
-// once finished, its outcome.
+// Op is one accepted transition of one volume or one snapshot: its intent,
+// its progress and, once finished, its outcome.
 type Op struct {
-	Seq      uint64    `json:"seq"`
-	VolumeID string    `json:"volumeID"`
-	Event    fsm.Event `json:"event"`
-	Guard    fsm.Guard `json:"guard,omitempty"`
-	From     fsm.State `json:"from"`
-	To       fsm.State `json:"to"`
+	Seq uint64 `json:"seq"`
+	// VolumeID is the volume of a volume's op; SnapshotID the snapshot of
+	// a snapshot's op (fsm.Event.OfSnapshot). Exactly one is set.
+	VolumeID   string    `json:"volumeID,omitempty"`
+	SnapshotID string    `json:"snapshotID,omitempty"`
+	Event      fsm.Event `json:"event"`
+	Guard      fsm.Guard `json:"guard,omitempty"`
+	From       fsm.State `json:"from"`
+	To         fsm.State `json:"to"`
 	// Generation is the volume generation the op was planned against.
 	Generation  uint64          `json:"generation"`
 	Args        json.RawMessage `json:"args,omitempty"`
@@ -122,7 +166,23 @@ type Op struct {
 	FinishedAt    time.Time `json:"finishedAt,omitzero"`
 }
 
-// HistoryEntry is one line of a volume's history. The line of a transition
+// Subject is the id of what the op changes: its volume or its snapshot.
+func (op *Op) Subject() string {
+	if op.SnapshotID != "" {
+		return op.SnapshotID
+	}
+	return op.VolumeID
+}
+
+// Lifecycle is the lifecycle table the op's step belongs to.
+func (op *Op) Lifecycle() *fsm.Lifecycle {
+	if op.SnapshotID != "" {
+		return fsm.Snapshots
+	}
+	return fsm.Volumes
+}
+
+// HistoryEntry is one line of a volume's (or a snapshot's) history. The line of a transition
 // made by an op is that op's record, read as a line (see Op.HistoryEntry);
 // lines without an op (a deferred resize request, an adoption, a dropped
 // resize) are stored as notes.
@@ -173,4 +233,47 @@ type Resize struct {
 	QueuedAt      time.Time    `json:"queuedAt"`
 	UpdatedAt     time.Time    `json:"updatedAt"`
 	NextAttemptAt time.Time    `json:"nextAttemptAt,omitzero"`
+}
+
+// Snapshot is the stored record of one snapshot. Its State is a state of
+// the snapshot lifecycle (fsm.Snapshots): ABSENT while its snapshot_create
+// op is in flight, READY once cut. Like a volume's, the record changes
+// only together with an op (Tx.AcceptSnapshot, Tx.FinishSnapshot) or by
+// reconciliation with a history note (Tx.ReconcileSnapshot).
+type Snapshot struct {
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+	// SourceVolumeID is the volume it was taken of (CSI's
+	// source_volume_id); the volume may be gone since.
+	SourceVolumeID string `json:"sourceVolumeID"`
+	// SourceDiskID is that volume's disk, and Zone its zone: where the
+	// snapshot is accessible from.
+	SourceDiskID string            `json:"sourceDiskID,omitempty"`
+	Zone         string            `json:"zone,omitempty"`
+	Parameters   map[string]string `json:"parameters,omitempty"`
+	// CloudID is the provider's id of the snapshot, once cut.
+	CloudID string `json:"cloudID,omitempty"`
+	// SizeBytes is the source's size when it was cut: the smallest volume
+	// it restores to.
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	// ReadyToUse is the provider's word that it can be restored from.
+	ReadyToUse bool      `json:"readyToUse,omitempty"`
+	State      fsm.State `json:"state"`
+	// ActiveOp is the op queued or running on the snapshot (from the
+	// active bucket, as a volume's); 0 when none.
+	ActiveOp   uint64 `json:"-"`
+	Generation uint64 `json:"generation"`
+	// LastOp is the last op that finished on the snapshot.
+	LastOp uint64 `json:"lastOp,omitempty"`
+	// CutAt is when the provider cut it (CSI's creation_time).
+	CutAt     time.Time `json:"cutAt,omitzero"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+// Clone returns a deep copy of the snapshot.
+func (s *Snapshot) Clone() *Snapshot {
+	c := *s
+	c.Parameters = maps.Clone(s.Parameters)
+	return &c
 }

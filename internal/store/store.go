@@ -1,6 +1,6 @@
-// Package store keeps csid's durable state in one bbolt file: volume records,
-// ops (ordered by sequence), the deferred resize queue, a bounded history per
-// volume, and the schema version. It holds no business rules: it reads and
+// Package store keeps csid's durable state in one bbolt file: volume and
+// snapshot records, ops (ordered by sequence), the deferred resize queue, a
+// bounded history per volume and snapshot, and the schema version. It holds no business rules: it reads and
 // writes typed records, and makes a volume change atomic with its op and its
 // history entry.
 //
@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,12 +28,17 @@ import (
 )
 
 // SchemaVersion is the layout this build reads and writes: 2 seals every
-// record with a checksum (codec.go). Open migrates a file of version 1
-// (the same records, unsealed) in the transaction that opens it.
-const SchemaVersion = 2
+// record with a checksum (codec.go); 3 adds the snapshot records (their
+// own buckets). Open migrates a file of an older version in the
+// transaction that opens it: version 1 (the same records, unsealed) is
+// sealed, and a file without the snapshot buckets gets them, empty.
+const SchemaVersion = 3
 
 // schemaUnsealed is the last layout without checksums.
 const schemaUnsealed = 1
+
+// schemaSnapshots is the first layout with the snapshot buckets.
+const schemaSnapshots = 3
 
 // Buckets.
 var (
@@ -43,8 +49,19 @@ var (
 	bucketActive  = []byte("active")
 	bucketResize  = []byte("resize")
 	bucketHistory = []byte("history")
-	allBuckets    = [][]byte{bucketMeta, bucketVolumes, bucketNames, bucketOps, bucketActive, bucketResize, bucketHistory}
-	keySchema     = []byte("schema")
+	// The snapshot records and their name index (schema 3). A snapshot's
+	// op in flight is marked in the active bucket and its notes are kept
+	// in the history bucket, as a volume's: snapshot and volume ids are
+	// one namespace (the store refuses a record whose id the other kind
+	// holds).
+	bucketSnapshots = []byte("snapshots")
+	bucketSnapNames = []byte("snapnames")
+	allBuckets      = [][]byte{bucketMeta, bucketVolumes, bucketNames, bucketOps, bucketActive, bucketResize, bucketHistory,
+		bucketSnapshots, bucketSnapNames}
+	// snapshotBuckets are the buckets a file of a schema before
+	// schemaSnapshots lacks.
+	snapshotBuckets = [][]byte{bucketSnapshots, bucketSnapNames}
+	keySchema       = []byte("schema")
 	// keyNew marks a file Open started (from nothing, or from an empty
 	// file) until the caller confirms it (Confirm).
 	keyNew    = []byte("new")
@@ -192,17 +209,18 @@ func Open(path string, opts Options) (*Store, error) {
 			return tx.Bucket(bucketMeta).Put(keySchema, u64(SchemaVersion))
 		}
 		created = created || meta.Get(keyNew) != nil
-		for _, b := range allBuckets {
-			if tx.Bucket(b) == nil {
-				return fmt.Errorf("state file %s lacks bucket %q: %w", path, b, ErrCorrupt)
-			}
-		}
 		v, err := checkSchema(path, meta, schemaUnsealed)
-		if err == nil && v == schemaUnsealed {
-			migrated = v
-			err = sealAll(tx)
+		if err != nil {
+			return err
 		}
-		return err
+		if err := checkBuckets(path, tx, v); err != nil {
+			return err
+		}
+		if v != SchemaVersion {
+			migrated = v
+			return migrate(tx, v)
+		}
+		return nil
 	})
 	var watch *fileWatch
 	if err == nil {
@@ -258,6 +276,10 @@ func OpenReadOnly(path string, opts Options) (*Store, error) {
 			err = fmt.Errorf("state file %s has schema version %d (records without checksums), and this csid reads version %d: "+
 				"start csid serve on it once, which migrates it in place, or read it with the csid that wrote it: %w",
 				path, v, SchemaVersion, ErrSchema)
+		}
+		if err == nil {
+			// A file of schema 2 reads as it is: it has no snapshots.
+			err = checkBuckets(path, tx, v)
 		}
 		return err
 	})
@@ -357,11 +379,41 @@ func checkSchema(path string, meta *bolt.Bucket, oldest uint64) (uint64, error) 
 	return got, nil
 }
 
-// sealAll migrates a file of schema 1: it seals every record as it is (an
-// unreadable one is sealed unreadable, and found damaged when read), and
-// sets the schema version.
+// checkBuckets checks that a file of schema v has every bucket of its
+// layout (a file before schemaSnapshots has no snapshot buckets).
+func checkBuckets(path string, tx *bolt.Tx, v uint64) error {
+	for _, b := range allBuckets {
+		if tx.Bucket(b) == nil && (v >= schemaSnapshots || !slices.ContainsFunc(snapshotBuckets, func(x []byte) bool { return bytes.Equal(x, b) })) {
+			return fmt.Errorf("state file %s lacks bucket %q: %w", path, b, ErrCorrupt)
+		}
+	}
+	return nil
+}
+
+// migrate brings a file of schema from (older than SchemaVersion) to
+// SchemaVersion, in the transaction that opens it: a file of schema 1 is
+// sealed; one before schemaSnapshots gets the snapshot buckets, empty.
+func migrate(tx *bolt.Tx, from uint64) error {
+	if from == schemaUnsealed {
+		if err := sealAll(tx); err != nil {
+			return err
+		}
+	}
+	for _, b := range snapshotBuckets {
+		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+			return err
+		}
+	}
+	return tx.Bucket(bucketMeta).Put(keySchema, u64(SchemaVersion))
+}
+
+// sealAll seals every record of a file of schema 1 as it is (an unreadable
+// one is sealed unreadable, and found damaged when read).
 func sealAll(tx *bolt.Tx) error {
 	for _, name := range sealedBuckets {
+		if tx.Bucket(name) == nil {
+			continue // a snapshot bucket, which schema 1 has not
+		}
 		b := tx.Bucket(name)
 		var keys, values [][]byte
 		err := b.ForEach(func(k, v []byte) error {
@@ -380,7 +432,7 @@ func sealAll(tx *bolt.Tx) error {
 			}
 		}
 	}
-	return tx.Bucket(bucketMeta).Put(keySchema, u64(SchemaVersion))
+	return nil
 }
 
 // MigratedFrom is the schema version Open migrated the file from, or 0.

@@ -37,7 +37,20 @@ type Tx struct {
 func (t *Tx) Skipped() []*DamagedError { return t.skipped }
 
 // skip notes a damaged record a scan passed over.
-func (t *Tx) skip(e *DamagedError) { t.skipped = append(t.skipped, e) }
+func (t *Tx) skip(e *DamagedError) { t.skipped = append(t.skipped, t.attribute(e)) }
+
+// attribute names the snapshot a damaged record belongs to where its key
+// (an active-op entry's, a note's, an op's owner) is a snapshot's id,
+// which damaged alone cannot tell from a volume's.
+func (t *Tx) attribute(e *DamagedError) *DamagedError {
+	if e.VolumeID == "" {
+		return e
+	}
+	if b := t.tx.Bucket(bucketSnapshots); b != nil && b.Get([]byte(e.VolumeID)) != nil {
+		e.SnapshotID, e.VolumeID = e.VolumeID, ""
+	}
+	return e
+}
 
 // OnCommit registers fn to run after the transaction has committed. Hooks
 // run in commit order, on the committer, before any later write
@@ -271,8 +284,8 @@ func (t *Tx) ActiveOps() ([]*Op, error) {
 		if err != nil {
 			return nil, err
 		}
-		if op == nil || op.VolumeID != string(k) {
-			t.skip(damaged(bucketActive, k, fmt.Sprintf("names op %d, which is not an op of this volume", seq)))
+		if op == nil || op.Subject() != string(k) {
+			t.skip(damaged(bucketActive, k, fmt.Sprintf("names op %d, which is not an op of this volume or snapshot", seq)))
 			continue
 		}
 		out = append(out, op)
@@ -287,32 +300,23 @@ func (t *Tx) ActiveOps() ([]*Op, error) {
 // an adoption in the same transaction): an existing volume does not change
 // until the op finishes.
 func (t *Tx) Accept(v *Volume, op *Op) error {
-	if err := checkID(v.ID); err != nil {
+	if op.Event.OfSnapshot() {
+		return fmt.Errorf("store: a snapshot's op %s accepted on volume %s: %w", op.Event, v.ID, fsm.ErrIllegal)
+	}
+	op.VolumeID, op.SnapshotID = v.ID, ""
+	if err := t.acceptOp(v.ID, v.ActiveOp, v.Generation, op); err != nil {
 		return err
 	}
-	if active, err := t.activeOf(v.ID); err != nil {
-		return err
-	} else if v.ActiveOp != 0 || active != 0 {
-		return fmt.Errorf("store: volume %s already has an active op", v.ID)
-	}
-	seq, err := t.tx.Bucket(bucketOps).NextSequence()
-	if err != nil {
-		return err
-	}
-	op.Seq, op.VolumeID, op.Status, op.Generation = seq, v.ID, OpQueued, v.Generation
-	if err := t.put(bucketOps, u64(seq), op); err != nil {
-		return err
-	}
-	if err := t.putRaw(bucketActive, []byte(v.ID), u64(seq)); err != nil {
-		return err
-	}
-	v.ActiveOp = seq
+	v.ActiveOp = op.Seq
 	if t.tx.Bucket(bucketVolumes).Get([]byte(v.ID)) != nil {
 		return nil
 	}
 	if v.State != fsm.Absent {
 		return fmt.Errorf("store: a new record of volume %s in state %s: only a create starts a record (reconciliation uses Reconcile): %w",
 			v.ID, v.State, fsm.ErrIllegal)
+	}
+	if err := t.notTakenBy(bucketSnapshots, v.ID); err != nil {
+		return err
 	}
 	if v.Name != "" {
 		if err := t.putRaw(bucketNames, []byte(v.Name), []byte(v.ID)); err != nil {
@@ -322,13 +326,47 @@ func (t *Tx) Accept(v *Volume, op *Op) error {
 	return t.putVolume(v)
 }
 
+// acceptOp writes op, queued, as the active op of the volume or snapshot
+// id (whose record says it has activeOp in flight), planned against
+// generation gen: it assigns op.Seq.
+func (t *Tx) acceptOp(id string, activeOp, gen uint64, op *Op) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if active, err := t.activeOf(id); err != nil {
+		return err
+	} else if activeOp != 0 || active != 0 {
+		return fmt.Errorf("store: %s already has an active op", id)
+	}
+	seq, err := t.tx.Bucket(bucketOps).NextSequence()
+	if err != nil {
+		return err
+	}
+	op.Seq, op.Status, op.Generation = seq, OpQueued, gen
+	if err := t.put(bucketOps, u64(seq), op); err != nil {
+		return err
+	}
+	return t.putRaw(bucketActive, []byte(id), u64(seq))
+}
+
+// notTakenBy refuses a new record under id when the other kind of record
+// (bucket: volumes or snapshots) holds it: volume and snapshot ids are one
+// namespace, which the active index and the notes share.
+func (t *Tx) notTakenBy(bucket []byte, id string) error {
+	b := t.tx.Bucket(bucket)
+	if b == nil || b.Get([]byte(id)) == nil {
+		return nil
+	}
+	return fmt.Errorf("store: id %s is taken by a record in %s", id, bucket)
+}
+
 // UpdateOp rewrites an active op (its attempts, last error, checkpoints or
 // status while compensating). The volume is not touched.
 func (t *Tx) UpdateOp(op *Op) error {
 	if !op.Status.Active() {
 		return fmt.Errorf("store: UpdateOp on finished op %d", op.Seq)
 	}
-	if active, err := t.activeOf(op.VolumeID); err != nil {
+	if active, err := t.activeOf(op.Subject()); err != nil {
 		return err
 	} else if active != op.Seq {
 		return fmt.Errorf("store: op %d is not active", op.Seq)
@@ -341,13 +379,11 @@ func (t *Tx) UpdateOp(op *Op) error {
 // active op. The op record is the transition's history line. A volume left
 // in state ABSENT loses its record, name, notes and resize entry.
 func (t *Tx) Finish(v *Volume, op *Op) error {
-	if op.Status.Active() {
-		return fmt.Errorf("store: Finish with op %d still %s", op.Seq, op.Status)
+	if op.SnapshotID != "" || op.VolumeID != v.ID {
+		return fmt.Errorf("store: Finish of volume %s with op %d of %s", v.ID, op.Seq, op.Subject())
 	}
-	if a, err := t.activeOf(v.ID); err != nil {
+	if err := t.checkActive(v.ID, op); err != nil {
 		return err
-	} else if a != op.Seq {
-		return fmt.Errorf("store: volume %s has active op %d, not %d", v.ID, a, op.Seq)
 	}
 	if err := t.checkFinish(v, op); err != nil {
 		return err
@@ -355,10 +391,7 @@ func (t *Tx) Finish(v *Volume, op *Op) error {
 	v.ActiveOp = 0
 	prev := v.LastOp
 	v.LastOp = op.Seq
-	if err := t.put(bucketOps, u64(op.Seq), op); err != nil {
-		return err
-	}
-	if err := t.tx.Bucket(bucketActive).Delete([]byte(v.ID)); err != nil {
+	if err := t.finishOp(v.ID, op); err != nil {
 		return err
 	}
 	if v.State == fsm.Absent {
@@ -371,27 +404,68 @@ func (t *Tx) Finish(v *Volume, op *Op) error {
 	return t.prune(op.Seq, prev)
 }
 
+// checkActive checks that op is finished and is the active op of the
+// volume or snapshot id.
+func (t *Tx) checkActive(id string, op *Op) error {
+	if op.Status.Active() {
+		return fmt.Errorf("store: Finish with op %d still %s", op.Seq, op.Status)
+	}
+	if a, err := t.activeOf(id); err != nil {
+		return err
+	} else if a != op.Seq {
+		return fmt.Errorf("store: %s has active op %d, not %d", id, a, op.Seq)
+	}
+	return nil
+}
+
+// finishOp writes a finished op and clears the active marker of id.
+func (t *Tx) finishOp(id string, op *Op) error {
+	if err := t.put(bucketOps, u64(op.Seq), op); err != nil {
+		return err
+	}
+	return t.tx.Bucket(bucketActive).Delete([]byte(id))
+}
+
 // checkFinish holds an op's outcome to the lifecycle table: the op's step
 // (From, Event, Guard, To) is one looplab takes, the stored volume is in
 // the op's From state, and the record written is in To (succeeded) or
 // still in From (failed).
 func (t *Tx) checkFinish(v *Volume, op *Op) error {
-	if err := fsm.Check(op.From, op.Event, op.Guard, op.To); err != nil {
-		return fmt.Errorf("store: op %d: %w", op.Seq, err)
-	}
 	stored := fsm.Absent
 	if cur, err := t.Volume(v.ID); err != nil {
 		return err
 	} else if cur != nil {
 		stored = cur.State
 	}
+	return checkOutcome(fsm.Volumes, op, stored, v.State, "volume "+v.ID)
+}
+
+// checkOutcome holds an op's outcome to its lifecycle l: the op's step is
+// one of l, the record what (a volume or snapshot) is stored in the op's
+// From state, and is written in To (succeeded) or still in From (failed).
+func checkOutcome(l *fsm.Lifecycle, op *Op, stored, written fsm.State, what string) error {
+	if err := l.Check(op.From, op.Event, op.Guard, op.To); err != nil {
+		return fmt.Errorf("store: op %d: %w", op.Seq, err)
+	}
 	want := op.To
 	if op.Status != OpSucceeded {
 		want = op.From
 	}
-	if stored != op.From || v.State != want {
-		return fmt.Errorf("store: op %d (%s from %s to %s, %s) would write volume %s from %s to %s: %w",
-			op.Seq, op.Event, op.From, op.To, op.Status, v.ID, stored, v.State, fsm.ErrIllegal)
+	if stored != op.From || written != want {
+		return fmt.Errorf("store: op %d (%s from %s to %s, %s) would write %s from %s to %s: %w",
+			op.Seq, op.Event, op.From, op.To, op.Status, what, stored, written, fsm.ErrIllegal)
+	}
+	return nil
+}
+
+// dropName deletes the entry of name in the name index bucket if it names
+// id; a damaged entry stays, for csid check to report.
+func (t *Tx) dropName(bucket []byte, name, id string) error {
+	if name == "" {
+		return nil
+	}
+	if owner, err := t.getRaw(bucket, []byte(name)); err == nil && string(owner) == id {
+		return t.tx.Bucket(bucket).Delete([]byte(name))
 	}
 	return nil
 }
@@ -424,6 +498,11 @@ func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now 
 	if err := fsm.Check(from, e, g, v.State); err != nil {
 		return fmt.Errorf("store: volume %s: %w", v.ID, err)
 	}
+	if cur == nil {
+		if err := t.notTakenBy(bucketSnapshots, v.ID); err != nil {
+			return err
+		}
+	}
 	v.Generation, v.UpdatedAt = gen+1, now
 	if v.CreatedAt.IsZero() {
 		v.CreatedAt = now
@@ -434,12 +513,9 @@ func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now 
 		}
 		return t.remove(cur)
 	}
-	names := t.tx.Bucket(bucketNames)
-	if cur != nil && cur.Name != "" && cur.Name != v.Name {
-		if owner, err := t.getRaw(bucketNames, []byte(cur.Name)); err == nil && string(owner) == v.ID {
-			if err := names.Delete([]byte(cur.Name)); err != nil {
-				return err
-			}
+	if cur != nil && cur.Name != v.Name {
+		if err := t.dropName(bucketNames, cur.Name, v.ID); err != nil {
+			return err
 		}
 	}
 	if v.Name != "" {
@@ -458,27 +534,13 @@ func (t *Tx) remove(v *Volume) error {
 	if err := t.tx.Bucket(bucketVolumes).Delete([]byte(v.ID)); err != nil {
 		return err
 	}
-	if v.Name != "" {
-		// The entry goes if it names this volume; a damaged one stays
-		// for csid check to report.
-		if owner, err := t.getRaw(bucketNames, []byte(v.Name)); err == nil && string(owner) == v.ID {
-			if err := t.tx.Bucket(bucketNames).Delete([]byte(v.Name)); err != nil {
-				return err
-			}
-		}
+	if err := t.dropName(bucketNames, v.Name, v.ID); err != nil {
+		return err
 	}
 	if err := t.tx.Bucket(bucketResize).Delete([]byte(v.ID)); err != nil {
 		return err
 	}
-	notes := t.tx.Bucket(bucketHistory)
-	prefix := historyPrefix(v.ID)
-	c := notes.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
-		if err := c.Delete(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return t.deleteNotes(v.ID)
 }
 
 // prune keeps the ops bucket bounded. Ops out of the retention window (more
@@ -509,13 +571,14 @@ func (t *Tx) prune(latest, prev uint64) error {
 		}
 		payload, err := unseal(bucketOps, u64(cursor), raw)
 		var o struct {
-			VolumeID string   `json:"volumeID"`
-			Status   OpStatus `json:"status"`
+			VolumeID   string   `json:"volumeID"`
+			SnapshotID string   `json:"snapshotID"`
+			Status     OpStatus `json:"status"`
 		}
 		if err != nil || json.Unmarshal(payload, &o) != nil {
 			continue // damaged: kept for csid check to report
 		}
-		if o.Status.Active() || t.isLastOp(o.VolumeID, cursor) {
+		if o.Status.Active() || t.isLastOp(o.VolumeID, o.SnapshotID, cursor) {
 			continue // finishing, or becoming superseded, deletes it later
 		}
 		if err := ops.Delete(u64(cursor)); err != nil {
@@ -525,9 +588,14 @@ func (t *Tx) prune(latest, prev uint64) error {
 	return meta.Put(keyPruned, u64(cursor))
 }
 
-// isLastOp reports whether seq is volume id's last op; when the volume's
-// record is damaged it may be, and the op is kept.
-func (t *Tx) isLastOp(id string, seq uint64) bool {
+// isLastOp reports whether seq is the last op of volume id (or, for a
+// snapshot's op, of snapshot snapID); when the record is damaged it may
+// be, and the op is kept.
+func (t *Tx) isLastOp(id, snapID string, seq uint64) bool {
+	if snapID != "" {
+		s, err := t.Snapshot(snapID)
+		return err != nil || s != nil && s.LastOp == seq
+	}
 	v, err := t.Volume(id)
 	return err != nil || v != nil && v.LastOp == seq
 }
@@ -571,8 +639,8 @@ func historyKey(prefix []byte, n uint64) []byte {
 	return append(append(make([]byte, 0, len(prefix)+8), prefix...), u64(n)...)
 }
 
-// History returns a volume's history, oldest first: its finished ops (as
-// lines) and its notes, the newest HistoryLimit of them. It scans the ops
+// History returns a volume's (or a snapshot's) history, oldest first: its
+// finished ops (as lines) and its notes, the newest HistoryLimit of them. It scans the ops
 // bucket (bounded by OpRetention plus each volume's last op): meant for
 // inspection, not for a hot path.
 func (t *Tx) History(id string) ([]HistoryEntry, error) {
@@ -596,10 +664,10 @@ func (t *Tx) histories(want func(string) bool) (map[string][]HistoryEntry, error
 		if err != nil {
 			return nil, err
 		}
-		if op.Status.Active() || !want(op.VolumeID) {
+		if op.Status.Active() || !want(op.Subject()) {
 			continue
 		}
-		out[op.VolumeID] = append(out[op.VolumeID], op.HistoryEntry())
+		out[op.Subject()] = append(out[op.Subject()], op.HistoryEntry())
 	}
 	nc := t.tx.Bucket(bucketHistory).Cursor()
 	for k, raw := nc.First(); k != nil; k, raw = nc.Next() {

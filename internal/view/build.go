@@ -32,6 +32,11 @@ type Source interface {
 	Op(ctx context.Context, seq uint64) (Op, error)
 	// Resizes lists the deferred resizes in volume id order.
 	Resizes(ctx context.Context) (ResizeList, error)
+	// Snapshots lists the snapshots in id order, without history.
+	Snapshots(ctx context.Context) (SnapshotList, error)
+	// Snapshot returns one snapshot with its history; ErrNotFound when
+	// there is no such snapshot.
+	Snapshot(ctx context.Context, id string) (Snapshot, error)
 	// Damaged checks every record and lists the damaged ones.
 	Damaged(ctx context.Context) (DamageList, error)
 }
@@ -81,6 +86,16 @@ func (s *StoreSource) Op(ctx context.Context, seq uint64) (Op, error) {
 // Resizes lists resizes; see Source.
 func (s *StoreSource) Resizes(ctx context.Context) (ResizeList, error) {
 	return read(ctx, s.r, ListResizes)
+}
+
+// Snapshots lists snapshots; see Source.
+func (s *StoreSource) Snapshots(ctx context.Context) (SnapshotList, error) {
+	return read(ctx, s.r, ListSnapshots)
+}
+
+// Snapshot returns one snapshot; see Source.
+func (s *StoreSource) Snapshot(ctx context.Context, id string) (Snapshot, error) {
+	return read(ctx, s.r, func(tx *store.Tx) (Snapshot, error) { return GetSnapshot(tx, id) })
 }
 
 // Damaged lists the damaged records; see Source.
@@ -190,13 +205,21 @@ func GetVolume(tx *store.Tx, id string) (Volume, error) {
 	if err != nil {
 		return Volume{}, err
 	}
-	hist, err := tx.History(id)
-	if err != nil {
+	if out.History, err = history(tx, id); err != nil {
 		return Volume{}, fmt.Errorf("history of volume %s: %w", id, err)
 	}
-	out.History = make([]HistoryLine, len(hist))
+	return out, nil
+}
+
+// history builds the history of a volume or snapshot.
+func history(tx *store.Tx, id string) ([]HistoryLine, error) {
+	hist, err := tx.History(id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]HistoryLine, len(hist))
 	for i, h := range hist {
-		out.History[i] = HistoryLine{Time: utc(h.Time), Event: h.Event, Guard: h.Guard, From: h.From, To: h.To,
+		out[i] = HistoryLine{Time: utc(h.Time), Event: h.Event, Guard: h.Guard, From: h.From, To: h.To,
 			Op: h.OpSeq, Generation: h.Generation, Outcome: h.Outcome}
 	}
 	return out, nil
@@ -219,6 +242,9 @@ func volume(tx *store.Tx, v *store.Volume) (Volume, error) {
 	}
 	for _, p := range slices.Sorted(maps.Keys(v.Targets)) {
 		out.Targets = append(out.Targets, Target{Path: p, ReadOnly: v.Targets[p].ReadOnly})
+	}
+	if src := v.Source; src != nil {
+		out.Source = &ContentSource{SnapshotID: src.SnapshotID, VolumeID: src.VolumeID}
 	}
 	var err error
 	if out.PendingOp, err = opBySeq(tx, v.ActiveOp); err != nil {
@@ -262,7 +288,7 @@ func ListDamaged(tx *store.Tx) (DamageList, error) {
 	out := DamageList{Records: []DamagedRecord{}}
 	for _, d := range bad {
 		out.Records = append(out.Records, DamagedRecord{Record: d.Bucket + "/" + d.Key, Bucket: d.Bucket, Key: d.Key,
-			VolumeID: d.VolumeID, Problem: d.Problem, Message: d.Error()})
+			VolumeID: d.VolumeID, SnapshotID: d.SnapshotID, Problem: d.Problem, Message: d.Error()})
 	}
 	return out, nil
 }
@@ -290,7 +316,7 @@ func ListOps(tx *store.Tx, f OpFilter) (OpList, error) {
 	}
 	out := OpList{Ops: []Op{}}
 	keep := func(op *store.Op) bool {
-		if f.VolumeID != "" && op.VolumeID != f.VolumeID {
+		if (f.VolumeID != "" && op.VolumeID != f.VolumeID) || (f.SnapshotID != "" && op.SnapshotID != f.SnapshotID) {
 			return false
 		}
 		switch f.Status {
@@ -340,7 +366,7 @@ func GetOp(tx *store.Tx, seq uint64) (Op, error) {
 
 func opView(op *store.Op) Op {
 	return Op{
-		Seq: op.Seq, VolumeID: op.VolumeID, Event: op.Event, Guard: op.Guard, From: op.From, To: op.To,
+		Seq: op.Seq, VolumeID: op.VolumeID, SnapshotID: op.SnapshotID, Event: op.Event, Guard: op.Guard, From: op.From, To: op.To,
 		Status: string(op.Status), Generation: op.Generation, Attempts: op.Attempts, LastError: op.LastError,
 		NextAttemptAt: utc(op.NextAttemptAt), Code: op.Code, Message: op.Message,
 		Args: raw(op.Args), Result: raw(op.Result), Checkpoints: cloneMap(op.Checkpoints),
@@ -411,4 +437,76 @@ func cloneMap(m map[string]string) map[string]string {
 		return nil
 	}
 	return maps.Clone(m)
+}
+
+// ListSnapshots builds the snapshot list from tx, in id order. A snapshot
+// whose record is damaged is listed with its id and damage.
+func ListSnapshots(tx *store.Tx) (SnapshotList, error) {
+	out := SnapshotList{Snapshots: []Snapshot{}}
+	var ferr error
+	err := tx.ForEachSnapshot("", func(s *store.Snapshot) bool {
+		sv, err := snapshot(tx, s)
+		if err != nil {
+			ferr = err
+			return false
+		}
+		out.Snapshots = append(out.Snapshots, sv)
+		return true
+	})
+	for _, d := range tx.Skipped() {
+		if d.SnapshotID != "" {
+			out.Snapshots = append(out.Snapshots, Snapshot{ID: d.SnapshotID, Damage: d.Error()})
+		}
+	}
+	slices.SortStableFunc(out.Snapshots, func(a, b Snapshot) int { return strings.Compare(a.ID, b.ID) })
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return SnapshotList{}, fmt.Errorf("list snapshots: %w", err)
+	}
+	return out, nil
+}
+
+// GetSnapshot builds one snapshot, with its history, from tx; ErrNotFound
+// when there is no record.
+func GetSnapshot(tx *store.Tx, id string) (Snapshot, error) {
+	s, err := tx.Snapshot(id)
+	if bad, ok := damage(err); ok {
+		return Snapshot{ID: id, Damage: bad}, nil
+	}
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if s == nil {
+		return Snapshot{}, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
+	}
+	out, err := snapshot(tx, s)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if out.History, err = history(tx, id); err != nil {
+		return Snapshot{}, fmt.Errorf("history of snapshot %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// snapshot builds the view of a snapshot record, with its pending and
+// last ops.
+func snapshot(tx *store.Tx, s *store.Snapshot) (Snapshot, error) {
+	out := Snapshot{ID: s.ID, Name: s.Name, State: s.State, SourceVolumeID: s.SourceVolumeID, SourceDiskID: s.SourceDiskID,
+		CloudID: s.CloudID, SizeBytes: s.SizeBytes, ReadyToUse: s.ReadyToUse, Zone: s.Zone, Parameters: cloneMap(s.Parameters),
+		CutAt: utc(s.CutAt), Generation: s.Generation, CreatedAt: utc(s.CreatedAt), UpdatedAt: utc(s.UpdatedAt)}
+	var err error
+	if out.PendingOp, err = opBySeq(tx, s.ActiveOp); err != nil {
+		if out.Damage, _ = damage(err); out.Damage == "" {
+			return Snapshot{}, fmt.Errorf("snapshot %s: pending op: %w", s.ID, err)
+		}
+	}
+	if out.LastOp, err = opBySeq(tx, s.LastOp); err != nil {
+		if _, ok := damage(err); !ok {
+			return Snapshot{}, fmt.Errorf("snapshot %s: last op: %w", s.ID, err)
+		}
+	}
+	return out, nil
 }

@@ -34,6 +34,7 @@
 //	stagingPath     where it is staged on its node (VOL_READY, PUBLISHED)
 //	device          the block device it was staged from
 //	targets         published target paths: [{path, readOnly}], sorted by path
+//	source          what it was created from: {snapshotID} or {volumeID}
 //	generation      transitions the volume has gone through
 //	createdAt       when the record was made
 //	updatedAt       when the record last changed
@@ -51,10 +52,11 @@
 // Op (GET /v1/ops/{seq}; the items of GET /v1/ops):
 //
 //	seq             the op's sequence number ("op #12"); history lines name it
-//	volumeID        the volume it changes
+//	volumeID        the volume it changes (a volume's op)
+//	snapshotID      the snapshot it changes (a snapshot's op)
 //	event           create, controller_publish, node_stage, node_publish,
 //	                node_unpublish, node_unstage, controller_unpublish, delete,
-//	                expand, node_expand
+//	                expand, node_expand; snapshot_create, snapshot_delete
 //	guard           the row of the lifecycle table it took (e.g. "last target")
 //	from, to        the states it moves the volume between
 //	status          queued (waiting for or running its effect; also while it
@@ -89,7 +91,24 @@
 //	updatedAt       when the entry last changed
 //	nextAttemptAt   when it is retried, after transient failures
 //
-// HistoryLine (a Volume's history):
+// Snapshot (GET /v1/snapshots/{id}; the items of GET /v1/snapshots,
+// without history):
+//
+//	id              snapshot id (the VolumeSnapshotContent's snapshotHandle)
+//	name            the CO's name for it (CreateSnapshot's name)
+//	state           ABSENT (being cut: its snapshot_create in flight) or READY
+//	sourceVolumeID  the volume it was taken of (which may be gone since)
+//	sourceDiskID    that volume's disk
+//	cloudID         the provider's snapshot
+//	sizeBytes       the source's size when it was cut: the smallest volume it restores to
+//	readyToUse      the provider says it can be restored from
+//	zone            where it is accessible from (its source's zone)
+//	parameters      VolumeSnapshotClass parameters given at creation
+//	cutAt           when the provider cut it (CSI's creation_time)
+//	generation, createdAt, updatedAt, pendingOp, lastOp, history, damage
+//	                as a Volume's
+//
+// HistoryLine (a Volume's or a Snapshot's history):
 //
 //	time            when it happened
 //	event, guard    what happened (see Op)
@@ -103,15 +122,18 @@
 // DamagedRecord (the items of GET /v1/damaged):
 //
 //	record          where it is: bucket/key (volumes/<id>, names/<name>, ops/<seq>,
-//	                active/<id>, resize/<id>, history/<id>#<n>)
+//	                active/<id>, resize/<id>, history/<id>#<n>, snapshots/<id>,
+//	                snapnames/<name>)
 //	bucket, key     the same, apart
 //	volumeID        the volume it belongs to, when known
+//	snapshotID      the snapshot it belongs to, when known
 //	problem         what is wrong: "fails its checksum", "does not decode: ..."
 //	message         the whole sentence
 //
 // Lists: GET /v1/volumes is {"volumes": [Volume...]} in id order; GET
 // /v1/ops is {"ops": [Op...]}, newest first; GET /v1/resizes is
-// {"resizes": [Resize...]} in volume id order; GET /v1/damaged is
+// {"resizes": [Resize...]} in volume id order; GET /v1/snapshots is
+// {"snapshots": [Snapshot...]} in id order; GET /v1/damaged is
 // {"records": [DamagedRecord...]}. GET /v1/info is an Info.
 package view
 
@@ -147,6 +169,7 @@ type Volume struct {
 	StagingPath    string            `json:"stagingPath,omitempty"`
 	Device         string            `json:"device,omitempty"`
 	Targets        []Target          `json:"targets,omitempty"`
+	Source         *ContentSource    `json:"source,omitempty"`
 	Generation     uint64            `json:"generation"`
 	CreatedAt      time.Time         `json:"createdAt,omitzero"`
 	UpdatedAt      time.Time         `json:"updatedAt,omitzero"`
@@ -163,11 +186,46 @@ type Target struct {
 	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
-// Op is one accepted transition of one volume: intent, progress and
-// outcome. See the package doc for the fields.
+// ContentSource is what a volume was created from: a snapshot or a volume.
+type ContentSource struct {
+	SnapshotID string `json:"snapshotID,omitempty"`
+	VolumeID   string `json:"volumeID,omitempty"`
+}
+
+// Snapshot is a snapshot as an operator sees it. See the package doc for
+// the fields.
+type Snapshot struct {
+	ID             string            `json:"id"`
+	Name           string            `json:"name,omitempty"`
+	State          fsm.State         `json:"state"`
+	SourceVolumeID string            `json:"sourceVolumeID,omitempty"`
+	SourceDiskID   string            `json:"sourceDiskID,omitempty"`
+	CloudID        string            `json:"cloudID,omitempty"`
+	SizeBytes      int64             `json:"sizeBytes"`
+	ReadyToUse     bool              `json:"readyToUse"`
+	Zone           string            `json:"zone,omitempty"`
+	Parameters     map[string]string `json:"parameters,omitempty"`
+	CutAt          time.Time         `json:"cutAt,omitzero"`
+	Generation     uint64            `json:"generation"`
+	CreatedAt      time.Time         `json:"createdAt,omitzero"`
+	UpdatedAt      time.Time         `json:"updatedAt,omitzero"`
+	PendingOp      *Op               `json:"pendingOp,omitempty"`
+	LastOp         *Op               `json:"lastOp,omitempty"`
+	History        []HistoryLine     `json:"history,omitempty"`
+	Damage         string            `json:"damage,omitempty"`
+}
+
+// SnapshotList is the answer of GET /v1/snapshots.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// Op is one accepted transition of one volume or snapshot: intent,
+// progress and outcome. See the package doc for the fields.
 type Op struct {
 	Seq           uint64            `json:"seq"`
-	VolumeID      string            `json:"volumeID"`
+	VolumeID      string            `json:"volumeID,omitempty"`
+	SnapshotID    string            `json:"snapshotID,omitempty"`
 	Event         fsm.Event         `json:"event"`
 	Guard         fsm.Guard         `json:"guard,omitempty"`
 	From          fsm.State         `json:"from"`
@@ -252,12 +310,13 @@ type ResizeList struct {
 // DamagedRecord is a record that fails its checksum or its decoding. See
 // the package doc for the fields.
 type DamagedRecord struct {
-	Record   string `json:"record"`
-	Bucket   string `json:"bucket"`
-	Key      string `json:"key"`
-	VolumeID string `json:"volumeID,omitempty"`
-	Problem  string `json:"problem"`
-	Message  string `json:"message"`
+	Record     string `json:"record"`
+	Bucket     string `json:"bucket"`
+	Key        string `json:"key"`
+	VolumeID   string `json:"volumeID,omitempty"`
+	SnapshotID string `json:"snapshotID,omitempty"`
+	Problem    string `json:"problem"`
+	Message    string `json:"message"`
 }
 
 // DamageList is the answer of GET /v1/damaged.
@@ -304,8 +363,9 @@ const (
 
 // OpFilter selects ops; zero fields select all.
 type OpFilter struct {
-	Status   OpSelect
-	VolumeID string
+	Status     OpSelect
+	VolumeID   string
+	SnapshotID string
 	// Limit caps the number of ops returned, newest first (0: no limit).
 	Limit int
 }

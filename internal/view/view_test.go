@@ -53,10 +53,10 @@ func TestFilters(t *testing.T) {
 		}
 		return ids(l)
 	}
-	if got := vols(view.VolumeFilter{}); len(got) != 5 || !slices.IsSorted(got) {
+	if got := vols(view.VolumeFilter{}); len(got) != 6 || !slices.IsSorted(got) {
 		t.Errorf("all volumes, in id order: %v", got)
 	}
-	if got := vols(view.VolumeFilter{State: fsm.Created}); !slices.Equal(got, []string{viewtest.Created, viewtest.Failed, viewtest.Retrying}) {
+	if got := vols(view.VolumeFilter{State: fsm.Created}); !slices.Equal(got, []string{viewtest.Created, viewtest.Failed, viewtest.Retrying, viewtest.Restored}) {
 		t.Errorf("CREATED: %v", got)
 	}
 	if got := vols(view.VolumeFilter{Node: "node-1"}); !slices.Equal(got, []string{viewtest.Published}) {
@@ -77,13 +77,13 @@ func TestFilters(t *testing.T) {
 		}
 		return seqs(l)
 	}
-	if got := ops(view.OpFilter{}); !slices.Equal(got, []uint64{11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1}) {
+	if got := ops(view.OpFilter{}); !slices.Equal(got, []uint64{14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1}) {
 		t.Errorf("all ops, newest first: %v", got)
 	}
-	if got := ops(view.OpFilter{Status: view.OpsPending}); !slices.Equal(got, []uint64{11, 10}) {
+	if got := ops(view.OpFilter{Status: view.OpsPending}); !slices.Equal(got, []uint64{13, 11, 10}) {
 		t.Errorf("pending: %v", got)
 	}
-	if got := ops(view.OpFilter{Status: view.OpsPending, Limit: 1}); !slices.Equal(got, []uint64{11}) {
+	if got := ops(view.OpFilter{Status: view.OpsPending, Limit: 1}); !slices.Equal(got, []uint64{13}) {
 		t.Errorf("pending, limit 1: %v", got)
 	}
 	if got := ops(view.OpFilter{Status: view.OpsFailed}); !slices.Equal(got, []uint64{8}) {
@@ -91,6 +91,9 @@ func TestFilters(t *testing.T) {
 	}
 	if got := ops(view.OpFilter{VolumeID: viewtest.Published, Limit: 2}); !slices.Equal(got, []uint64{6, 5}) {
 		t.Errorf("of one volume, limit 2: %v", got)
+	}
+	if got := ops(view.OpFilter{SnapshotID: viewtest.Snapshot}); !slices.Equal(got, []uint64{12}) {
+		t.Errorf("of one snapshot: %v", got)
 	}
 	if _, err := src.Ops(ctx, view.OpFilter{Status: "odd"}); err == nil {
 		t.Error("an unknown op status is accepted")
@@ -126,5 +129,40 @@ func TestVolumeDetail(t *testing.T) {
 	op, err := src.Op(ctx, 8)
 	if err != nil || op.Code != "ResourceExhausted" || op.From != fsm.Created || op.Pending() {
 		t.Errorf("op 8: %+v, %v", op, err)
+	}
+}
+
+// TestSnapshots: the snapshots are listed in id order, the one being cut
+// with its pending op; one snapshot comes with its history; a volume
+// restored from a snapshot names it as its source.
+func TestSnapshots(t *testing.T) {
+	src, ctx := fixture(t), context.Background()
+	l, err := src.Snapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Snapshots) != 2 || l.Snapshots[0].ID != viewtest.Snapshot || l.Snapshots[1].ID != viewtest.Cutting {
+		t.Fatalf("snapshots: %+v", l.Snapshots)
+	}
+	if s := l.Snapshots[1]; s.State != fsm.Absent || s.PendingOp == nil || s.PendingOp.Event != fsm.SnapshotCreate || s.PendingOp.SnapshotID != viewtest.Cutting {
+		t.Errorf("the snapshot being cut: %+v", s)
+	}
+	s, err := src.Snapshot(ctx, viewtest.Snapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.State != fsm.Ready || !s.ReadyToUse || s.SizeBytes != 1<<30 || s.SourceVolumeID != viewtest.Created || s.LastOp == nil ||
+		len(s.History) != 1 || s.History[0].Event != fsm.SnapshotCreate || s.History[0].To != fsm.Ready {
+		t.Errorf("snapshot: %+v", s)
+	}
+	if _, err := src.Snapshot(ctx, "snap-none"); !errors.Is(err, view.ErrNotFound) {
+		t.Errorf("unknown snapshot: %v", err)
+	}
+	v, err := src.Volume(ctx, viewtest.Restored)
+	if err != nil || v.Source == nil || v.Source.SnapshotID != viewtest.Snapshot {
+		t.Errorf("restored volume: %+v, %v", v.Source, err)
+	}
+	if h, err := src.Volume(ctx, viewtest.Created); err != nil || len(h.History) != 1 {
+		t.Errorf("the snapshot's op is in its source volume's history: %+v, %v", h.History, err)
 	}
 }

@@ -31,6 +31,16 @@ const (
 	Retrying = "vol-0000000000000000000d"
 	// Creating has a create in flight (state ABSENT).
 	Creating = "vol-0000000000000000000e"
+	// Restored is CREATED, restored from the snapshot Snapshot.
+	Restored = "vol-0000000000000000000f"
+)
+
+// Snapshot ids of the fixture.
+const (
+	// Snapshot is READY, taken of Created.
+	Snapshot = "snap-0000000000000000000a"
+	// Cutting is being taken of Published (its snapshot_create in flight).
+	Cutting = "snap-0000000000000000000b"
 )
 
 // Staging and target paths of Published.
@@ -50,18 +60,21 @@ func Build(path string) error {
 		return err
 	}
 	f := &fixture{st: st}
-	f.create(Created, "pvc-a", "disk-000000000000000a", gib, 0)
-	f.create(Published, "pvc-b", "disk-000000000000000b", gib, 10)
+	f.create(Created, "pvc-a", "disk-000000000000000a", gib, 0, nil)
+	f.create(Published, "pvc-b", "disk-000000000000000b", gib, 10, nil)
 	f.attach(Published, "node-1", "disk-000000000000000b", 12)
 	f.stage(Published, "/dev/loop3", 14)
 	f.publish(Published, TargetA, false, 16)
 	f.publish(Published, TargetB, true, 18)
 	f.queueResize(Published, 2*gib, 20)
-	f.create(Failed, "pvc-c", "disk-000000000000000c", 512<<20, 30)
+	f.create(Failed, "pvc-c", "disk-000000000000000c", 512<<20, 30, nil)
 	f.failAttach(Failed, "node-2", 32)
-	f.create(Retrying, "pvc-d", "disk-000000000000000d", gib, 40)
+	f.create(Retrying, "pvc-d", "disk-000000000000000d", gib, 40, nil)
 	f.retryAttach(Retrying, "node-1", 42)
 	f.startCreate(Creating, "pvc-e", 50)
+	f.snapshot(Snapshot, "snapshot-a", Created, "disk-000000000000000a", 60, true)
+	f.snapshot(Cutting, "snapshot-b", Published, "disk-000000000000000b", 70, false)
+	f.create(Restored, "pvc-f", "disk-000000000000000f", gib, 80, &store.Source{SnapshotID: Snapshot, CloudSnapshotID: "csnap-a", SizeBytes: gib})
 	if f.err != nil {
 		st.Close()
 		return f.err
@@ -124,9 +137,9 @@ func (f *fixture) transition(id string, e fsm.Event, g fsm.Guard, to fsm.State, 
 	})
 }
 
-func (f *fixture) create(id, name, disk string, size int64, sec int) {
+func (f *fixture) create(id, name, disk string, size int64, sec int, src *store.Source) {
 	f.step("create "+id, func(tx *store.Tx) error {
-		v := &store.Volume{ID: id, Name: name, State: fsm.Absent, Capability: mountCap,
+		v := &store.Volume{ID: id, Name: name, State: fsm.Absent, Capability: mountCap, Source: src,
 			Parameters: map[string]string{"csi.storage.k8s.io/pvc/name": name, "csi.storage.k8s.io/pvc/namespace": "default"},
 			CreatedAt:  at(sec), UpdatedAt: at(sec)}
 		args := map[string]any{"name": name, "sizeBytes": size, "capability": mountCap}
@@ -139,6 +152,25 @@ func (f *fixture) create(id, name, disk string, size int64, sec int) {
 		op.Result = mustJSON(map[string]any{"diskID": disk, "capacityBytes": size, "zone": "local"})
 		v.State, v.DiskID, v.CapacityBytes, v.Zone, v.Generation, v.UpdatedAt = fsm.Created, disk, size, "local", 1, at(sec+1)
 		return tx.Finish(v, op)
+	})
+}
+
+// snapshot takes snapshot id of volume vol at sec; cut finishes it (READY)
+// 1s later, else it stays in flight.
+func (f *fixture) snapshot(id, name, vol, disk string, sec int, cut bool) {
+	f.step("snapshot "+id, func(tx *store.Tx) error {
+		s := &store.Snapshot{ID: id, Name: name, SourceVolumeID: vol, SourceDiskID: disk, Zone: "local", State: fsm.Absent,
+			CreatedAt: at(sec), UpdatedAt: at(sec)}
+		args := map[string]any{"name": name, "sourceVolumeID": vol}
+		op := &store.Op{Event: fsm.SnapshotCreate, From: fsm.Absent, To: fsm.Ready, Args: mustJSON(args), Fingerprint: "fp-snapshot", CreatedAt: at(sec)}
+		if err := tx.AcceptSnapshot(s, op); err != nil || !cut {
+			return err
+		}
+		op.Status, op.FinishedAt = store.OpSucceeded, at(sec+1)
+		op.Checkpoints = map[string]string{"cloud-op": "op-snapshot-" + id[len(id)-1:], "cloud-snapshot": "csnap-" + id[len(id)-1:]}
+		op.Result = mustJSON(map[string]any{"cloudSnapshotID": "csnap-" + id[len(id)-1:], "capacityBytes": gib, "readyToUse": true})
+		s.State, s.CloudID, s.SizeBytes, s.ReadyToUse, s.CutAt, s.Generation, s.UpdatedAt = fsm.Ready, "csnap-"+id[len(id)-1:], gib, true, at(sec), 1, at(sec+1)
+		return tx.FinishSnapshot(s, op)
 	})
 }
 

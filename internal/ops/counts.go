@@ -7,12 +7,16 @@ import (
 	"github.com/csid-dev/csid/internal/store"
 )
 
-// Snapshot is what the store holds at one instant, counted for the metrics:
-// the volumes by state, the ops in flight by event, and the resize queue.
-type Snapshot struct {
+// Counts is what the store holds at one instant, counted for the metrics:
+// the volumes and the snapshots by state, the ops in flight by event, and
+// the resize queue.
+type Counts struct {
 	// Volumes counts the volume records by state. A volume whose create op
 	// is still in flight is counted as fsm.Absent.
 	Volumes map[fsm.State]int
+	// Snapshots counts the snapshot records by state (fsm.Absent: being
+	// cut).
+	Snapshots map[fsm.State]int
 	// Active counts the ops queued, running or compensating, by event.
 	Active map[fsm.Event]int
 	// Resizes counts the resize queue's entries by status (waiting for the
@@ -25,15 +29,19 @@ type Snapshot struct {
 	StoreBytes int64
 }
 
-// Snapshot counts, in one read transaction, the volumes by state, the ops in
-// flight and the resize queue. It costs O(volumes + ops in flight + queued
-// resizes), decoding only each volume's state: cheap enough for every
-// scrape of a driver with tens of thousands of volumes, not for a hot path.
-func (e *Engine) Snapshot() (Snapshot, error) {
-	s := Snapshot{Active: map[fsm.Event]int{}, Resizes: map[store.ResizeStatus]int{}}
+// Counts counts, in one read transaction, the volumes and snapshots by
+// state, the ops in flight and the resize queue. It costs O(volumes +
+// snapshots + ops in flight + queued resizes), decoding only each volume's
+// state: cheap enough for every scrape of a driver with tens of thousands
+// of volumes, not for a hot path.
+func (e *Engine) Counts() (Counts, error) {
+	s := Counts{Active: map[fsm.Event]int{}, Resizes: map[store.ResizeStatus]int{}}
 	err := e.st.View(func(tx *store.Tx) error {
 		var err error
 		if s.Volumes, err = tx.CountVolumesByState(); err != nil {
+			return err
+		}
+		if s.Snapshots, err = tx.CountSnapshotsByState(); err != nil {
 			return err
 		}
 		active, err := tx.ActiveOps()
@@ -53,7 +61,7 @@ func (e *Engine) Snapshot() (Snapshot, error) {
 		})
 	})
 	if err != nil {
-		return Snapshot{}, err
+		return Counts{}, err
 	}
 	return s, nil
 }

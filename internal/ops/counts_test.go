@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc/codes"
 )
 
-// TestSnapshotCounts: the snapshot counts volumes by state, the ops in
-// flight by event and the resize queue, as the store holds them.
-func TestSnapshotCounts(t *testing.T) {
+// TestCounts: Counts counts volumes by state, the ops in flight by event
+// and the resize queue, as the store holds them.
+func TestCounts(t *testing.T) {
 	h := newHarness(t)
 	ids := make([]string, 3)
 	for i := range ids {
@@ -20,7 +20,7 @@ func TestSnapshotCounts(t *testing.T) {
 	h.must(publishReq(ids[0], "node-1"))
 	_, err := h.submit(expandReq(ids[0], 2*gib))
 	wantCode(t, err, codes.FailedPrecondition)
-	s, err := h.eng.Snapshot()
+	s, err := h.eng.Counts()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,15 +38,15 @@ func TestSnapshotCounts(t *testing.T) {
 	}
 }
 
-// BenchmarkSnapshot is the cost of one metrics scrape's read of the store,
+// BenchmarkCounts is the cost of one metrics scrape's read of the store,
 // with 10,000 volumes.
 //
-//	go test -run '^$' -bench Snapshot ./internal/ops
-func BenchmarkSnapshot(b *testing.B) {
+//	go test -run '^$' -bench Counts ./internal/ops
+func BenchmarkCounts(b *testing.B) {
 	eng := newBenchEngine(b, 10000, 0)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		s, err := eng.Snapshot()
+		s, err := eng.Counts()
 		if err != nil || s.Volumes[fsm.Created] != 10000 {
 			b.Fatal(s.Volumes, err)
 		}
