@@ -163,7 +163,7 @@ func TestBlankDeviceIsFormattedWithoutBlkid(t *testing.T) {
 	rec := &recorder{}
 	m := newLinux(rec.run)
 	dev := sb.device(64 * mib)
-	if err := m.FormatAndMount(ctx, dev, sb.path("staging"), "ext4", nil); err != nil {
+	if err := m.FormatAndMount(ctx, dev, sb.path("staging"), "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !rec.formatted() || rec.ranProgram("blkid") {
@@ -221,7 +221,7 @@ func TestSignaturesAreNeverFormattedOver(t *testing.T) {
 			}
 			asked := map[bool]string{true: "xfs", false: "ext4"}[tc.want == "ext4"]
 			target := sb.path("staging")
-			if err := m.FormatAndMount(ctx, dev, target, asked, nil); !errors.Is(err, ErrFormatMismatch) {
+			if err := m.FormatAndMount(ctx, dev, target, asked, nil, nil); !errors.Is(err, ErrFormatMismatch) {
 				t.Fatalf("FormatAndMount as %s: %v; want ErrFormatMismatch", asked, err)
 			}
 			if rec.formatted() {
