@@ -61,14 +61,17 @@ const (
 	// secondary header at 1, 2 and 4 MiB, VMFS's volume at 1 MiB and its
 	// filesystem at 2 MiB; a page each (blkid reads at most 1 KiB there).
 	blankFar = 4 * kib
-	// zfsLabel: ZFS's last two labels end where the device's size rounded
-	// down to 256 KiB does (they are read whole); md 0.90 (64 KiB
-	// aligned, in the last 128 KiB) and 1.0 (8 KiB from the end), GPT's
-	// backup header (the last sector), DRBD, NILFS2's second superblock,
-	// and the metadata of the firmware RAIDs (DDF, Intel, LSI, NVIDIA,
-	// VIA, JMicron, Adaptec, Silicon Image, HighPoint, and Promise's
-	// first twelve places) are all in the last 512 KiB.
-	zfsLabel  = 256 * kib
+	// zfsLabel is the size of a ZFS label.
+	zfsLabel = 256 * kib
+	// blankTail: the end of the device. ZFS's last two labels (read
+	// whole) end where the device's size rounded down to 256 KiB does,
+	// so the tail starts 512 KiB before that, at most 768 KiB from the
+	// end. md 0.90 (64 KiB aligned, in the last 128 KiB) and 1.0 (8 KiB
+	// from the end), GPT's backup header (the last sector), DRBD,
+	// NILFS2's second superblock, and the metadata of the firmware RAIDs
+	// (DDF, Intel, LSI, NVIDIA, VIA, JMicron, Adaptec, Silicon Image,
+	// HighPoint, and Promise's first twelve places) are all in the last
+	// 512 KiB.
 	blankTail = 2 * zfsLabel
 	// blankPromise is how far from the end Promise FastTrack's farthest
 	// metadata is: 3087 sectors of 512 bytes.
@@ -140,7 +143,7 @@ func zeroWhereBlkidLooks(device string) (bool, error) {
 	// Read from the end of the device towards its start, a piece at a
 	// time: read forward, the kernel reads ahead (on a loop device, in
 	// its backing file) well beyond each region, and the check costs
-	// three times as much (BenchmarkBlankProbe).
+	// two to three times as much (docs/benchmarks.md).
 	pieces := backwards(blankRegions(size), blankPiece)
 	// An anonymous mapping is page-aligned, as O_DIRECT requires.
 	buf, err := unix.Mmap(-1, 0, int(blankPiece), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
