@@ -41,18 +41,27 @@ func (n *Node) Executors() map[fsm.Event]ops.Executor {
 const checkpointMade = "made"
 
 // record says what the op's mount of source at target will make there
-// (mounter.Plan), and records it durably before anything is made: one
-// checkpoint, so that a failed op undoes exactly that (undo), also after a
-// restart. A resumed op reads back what its first run recorded. A target
-// csid may not mount on (another mount, content, a symbolic link) is
-// refused here, and nothing is recorded or made.
+// (mounter.Plan), and records it durably before anything is made
+// (recordMade). A target csid may not mount on (another mount, content, a
+// symbolic link) is refused here, and nothing is recorded or made.
 func (n *Node) record(ctx context.Context, x *ops.Exec, kind mounter.MountKind, source, target string) error {
 	if _, ok := x.Checkpointed(checkpointMade); ok {
 		return nil
 	}
 	made, err := n.Mounter.Plan(ctx, kind, source, target)
-	if err != nil || made.Nothing() {
+	if err != nil {
 		return err
+	}
+	return recordMade(x, made)
+}
+
+// recordMade records durably what the op's mount will make: one
+// checkpoint, so that a failed op undoes exactly that (undo), also after a
+// restart. A resumed op keeps what its first run recorded; a mount that
+// makes nothing records nothing.
+func recordMade(x *ops.Exec, made mounter.Made) error {
+	if _, ok := x.Checkpointed(checkpointMade); ok || made.Nothing() {
+		return nil
 	}
 	raw, err := json.Marshal(made)
 	if err != nil {
@@ -119,12 +128,12 @@ func (n *Node) mountFilesystem(ctx context.Context, x *ops.Exec, a *ops.NodeStag
 		fsType = DefaultFsType
 	}
 	m := n.Mounter
-	if err := n.record(ctx, x, mounter.FilesystemMount, dev, a.StagingPath); err != nil {
-		return fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
-	}
 	// The mounter logs a format through the context's logger: only its own
-	// probe knows the device is blank.
-	if err := m.FormatAndMount(x.Log.WithContext(ctx), dev, a.StagingPath, fsType, a.Capability.MountFlags); err != nil {
+	// probe knows the device is blank. It hands what its mount will make
+	// to recordMade before it makes it, while it probes and formats the
+	// device.
+	record := func(made mounter.Made) error { return recordMade(x, made) }
+	if err := m.FormatAndMount(x.Log.WithContext(ctx), dev, a.StagingPath, fsType, a.Capability.MountFlags, record); err != nil {
 		return fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
 	}
 	crash.Point(crash.MounterAfterMount)

@@ -137,8 +137,9 @@ func MountCommand(device, target, fsType string, options []string) []string {
 // growth is recorded before it starts, and one that was interrupted is
 // repaired before the filesystem is mounted again, read-only or not (see
 // grow.go). The caller's context ending while a host tool runs lets the
-// tool finish; FormatAndMount then stops before its next step.
-func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error {
+// tool finish; FormatAndMount then stops before its next step. record, if
+// any, runs beside the device's preparation (whileRecording).
+func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(Made) error) error {
 	if err := ValidatePaths(device, target); err != nil {
 		return err
 	}
@@ -163,10 +164,42 @@ func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType strin
 	if !made.Mounted {
 		return nil
 	}
-	if err := m.prepareDevice(ctx, device, fsType, options); err != nil {
+	if err := whileRecording(made, record, func() error { return m.prepareDevice(ctx, device, fsType, options) }); err != nil {
 		return err
 	}
 	return mountAt(e, made, func(t *os.File) error { return m.mountFilesystem(ctx, device, t, fsType, options) })
+}
+
+// whileRecording runs prepare (the device's probe and format) while record
+// (nil: none) records made, and returns when both are done: prepare's
+// error first, then record's. A panic in record is raised again here, on
+// the caller's goroutine, where the caller's recovery sees it as before.
+func whileRecording(made Made, record func(Made) error, prepare func() error) error {
+	if record == nil {
+		return prepare()
+	}
+	type outcome struct {
+		err      error
+		panicked any
+	}
+	recorded := make(chan outcome, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				recorded <- outcome{panicked: p}
+			}
+		}()
+		recorded <- outcome{err: record(made)}
+	}()
+	err := prepare()
+	r := <-recorded
+	if r.panicked != nil {
+		panic(r.panicked)
+	}
+	if err != nil {
+		return err
+	}
+	return r.err
 }
 
 // prepareDevice formats device with fsType if a successful probe finds it

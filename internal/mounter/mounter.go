@@ -59,9 +59,9 @@ const (
 )
 
 // Made is what one mount call makes at its target. A caller records it
-// durably before the call (Plan says what it will be), so that a failed
-// operation undoes exactly that with Undo, and never anything that was
-// there before.
+// durably before the call (Plan says what it will be; FormatAndMount hands
+// it to the caller's record), so that a failed operation undoes exactly
+// that with Undo, and never anything that was there before.
 type Made struct {
 	Kind MountKind `json:"kind"`
 	// Source is the device (FilesystemMount, DeviceBind) or directory
@@ -144,7 +144,15 @@ type Mounter interface {
 	// way: ErrPathConflict. A ctx that ends while a host tool (mkfs,
 	// e2fsck, resize2fs, mount) runs lets the tool finish; FormatAndMount
 	// then returns ctx's error before its next step.
-	FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error
+	//
+	// record, unless nil, records durably what the mount will make at
+	// target: FormatAndMount calls it once, after the target is checked
+	// and before anything is made there, with what Plan says, and makes
+	// nothing there unless it returns nil. It runs while the device is
+	// probed and formatted, so that its write is not on a stage's way; a
+	// format it fails after is not undone (the device was blank). Already
+	// mounted there: record is not called.
+	FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(Made) error) error
 	// BindMount bind-mounts the directory source onto target (created if
 	// missing), read-only if readOnly. Already bind-mounted: success.
 	BindMount(ctx context.Context, source, target string, readOnly bool) error

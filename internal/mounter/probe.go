@@ -4,15 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
-
-// probeBytes is how much of a device the probe reads to prove it readable.
-const probeBytes = 1 << 20
 
 // Filesystem probes device and returns its filesystem type ("" when blank);
 // see Mounter.
@@ -22,9 +15,11 @@ const probeBytes = 1 << 20
 // missing device, a detached disk, an I/O error), and treating every exit 2
 // as "unformatted" is how drivers have formatted over data. So the probe
 // first proves the device readable itself: it must be a block device of
-// non-zero size whose first MiB reads successfully, bypassing the page cache
-// when the device allows. Only then does blkid's exit 2 mean blank. Any
-// other failure is ErrProbeFailed.
+// non-zero size that reads successfully wherever blkid would read it,
+// bypassing the page cache when the device allows (blank.go). When every
+// byte read there is zero, the device is blank, and blkid is not run: it
+// could find nothing (blank.go says why). Otherwise blkid decides, and its
+// exit 2 means blank. Any other failure is ErrProbeFailed.
 //
 // A partition table is reported as "partition table (<type>)", and a
 // signature without a type as "unknown": neither is blank, and neither is a
@@ -33,8 +28,15 @@ func (m *Linux) Filesystem(ctx context.Context, device string) (string, error) {
 	if err := ValidatePath(device); err != nil {
 		return "", err
 	}
-	if err := readable(device); err != nil {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	zero, err := zeroWhereBlkidLooks(device)
+	if err != nil {
 		return "", fmt.Errorf("probe %s: %v: %w", device, err, ErrProbeFailed)
+	}
+	if zero {
+		return "", nil
 	}
 	out, err := m.run(ctx, "blkid", "-p", "-s", "TYPE", "-s", "PTTYPE", "-o", "export", device)
 	if err != nil {
@@ -64,45 +66,6 @@ func (m *Linux) Filesystem(ctx context.Context, device string) (string, error) {
 	default:
 		return "unknown", nil
 	}
-}
-
-// readable proves that device is a block device whose first MiB (or all of
-// it, if smaller) can be read.
-func readable(device string) error {
-	f, err := os.OpenFile(device, os.O_RDONLY|unix.O_CLOEXEC|unix.O_DIRECT, 0)
-	if errors.Is(err, unix.EINVAL) {
-		// Some devices refuse O_DIRECT; read through the page cache.
-		f, err = os.OpenFile(device, os.O_RDONLY|unix.O_CLOEXEC, 0)
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !isBlock(fi) {
-		return fmt.Errorf("not a block device (%s)", fi.Mode().Type())
-	}
-	size, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
-		return err
-	}
-	if size <= 0 {
-		return errors.New("the device has no size (nothing attached behind it?)")
-	}
-	// An anonymous mapping is page-aligned, as O_DIRECT requires.
-	buf, err := unix.Mmap(-1, 0, probeBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		return err
-	}
-	defer unix.Munmap(buf)
-	n := min(size, probeBytes)
-	if _, err := f.ReadAt(buf[:n], 0); err != nil {
-		return fmt.Errorf("read the first %d bytes: %w", n, err)
-	}
-	return nil
 }
 
 // exitCode is the exit status carried by err, or -1.

@@ -273,8 +273,9 @@ func checkSource(source string) error {
 
 // FormatAndMount formats a blank device and mounts it; see mounter.Mounter.
 // Like the real one, it grows an ext3/ext4 filesystem smaller than its
-// device before a read-write mount.
-func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType string, options []string) error {
+// device before a read-write mount. record runs after the format, with the
+// fake's lock held: it must not call the fake.
+func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(mounter.Made) error) error {
 	if err := mounter.ValidatePaths(device, target); err != nil {
 		return err
 	}
@@ -307,6 +308,11 @@ func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType str
 		}
 	default:
 		return fmt.Errorf("%s holds %s, asked to mount %s: %w", device, d.fsType, fsType, mounter.ErrFormatMismatch)
+	}
+	if record != nil {
+		if err := record(made); err != nil {
+			return err
+		}
 	}
 	if err := create(made, target); err != nil {
 		return err

@@ -47,14 +47,14 @@ func TestProbeFailureClears(t *testing.T) {
 	dev := "/dev/csid-fake/disk-1"
 	target := filepath.Join(t.TempDir(), "staging")
 	m.FailProbe(dev, errors.New("injected"))
-	if err := m.FormatAndMount(ctx, dev, target, "xfs", nil); !errors.Is(err, mounter.ErrProbeFailed) {
+	if err := m.FormatAndMount(ctx, dev, target, "xfs", nil, nil); !errors.Is(err, mounter.ErrProbeFailed) {
 		t.Fatalf("FormatAndMount with a failing probe: %v", err)
 	}
 	m.FailProbe(dev, nil)
 	if fsType, err := m.Filesystem(ctx, dev); err != nil || fsType != "" {
 		t.Fatalf("after the failure cleared: %q, %v; want a blank device", fsType, err)
 	}
-	if err := m.FormatAndMount(ctx, dev, target, "xfs", nil); err != nil {
+	if err := m.FormatAndMount(ctx, dev, target, "xfs", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -78,7 +78,7 @@ func TestConcurrentVolumes(t *testing.T) {
 			}
 			for range 20 {
 				for _, err := range []error{
-					m.FormatAndMount(ctx, dev, staging, "ext4", nil),
+					m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil),
 					m.BindMount(ctx, staging, target, false),
 					m.Unmount(ctx, target),
 					m.Unmount(ctx, staging),

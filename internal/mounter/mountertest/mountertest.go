@@ -57,6 +57,7 @@ func Run(t *testing.T, needsRoot bool, newEnv func(t *testing.T) Env) {
 		{"AnotherMountIsLeftAlone", testAnotherMount},
 		{"ContentIsNeverMountedOver", testContent},
 		{"UndoRemovesOnlyWhatWasMade", testPlanUndo},
+		{"RecordComesBeforeTheMount", testRecord},
 		{"DeviceUsesByDevice", testDeviceUses},
 	}
 	for _, tc := range cases {
@@ -109,7 +110,7 @@ func testFormatMountUnmount(t *testing.T, e Env) {
 		t.Fatalf("Filesystem of a blank device = %q, %v", fsType, err)
 	}
 	for range 2 {
-		must(t, m.FormatAndMount(ctx, dev, target, "", nil)) // "" is ext4
+		must(t, m.FormatAndMount(ctx, dev, target, "", nil, nil)) // "" is ext4
 	}
 	mounted(t, m, target, true)
 	if fsType, err := m.Filesystem(ctx, dev); err != nil || fsType != "ext4" {
@@ -133,7 +134,7 @@ func testFormatMountUnmount(t *testing.T, e Env) {
 		t.Fatalf("stats after writing a 4 MiB file: %+v, %v (before: %+v)", st2, err, st)
 	}
 	// Another device on the mounted target: ErrBusy.
-	if err := m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil); !errors.Is(err, mounter.ErrBusy) {
+	if err := m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil, nil); !errors.Is(err, mounter.ErrBusy) {
 		t.Fatalf("FormatAndMount of another device on the target: %v, want ErrBusy", err)
 	}
 	for range 2 {
@@ -142,7 +143,7 @@ func testFormatMountUnmount(t *testing.T, e Env) {
 	gone(t, target)
 	mounted(t, m, target, false)
 	// Formatted: mounted again as it is.
-	must(t, m.FormatAndMount(ctx, dev, target, "ext4", nil))
+	must(t, m.FormatAndMount(ctx, dev, target, "ext4", nil, nil))
 	must(t, m.Unmount(ctx, target))
 }
 
@@ -150,9 +151,9 @@ func testFormatMismatch(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 300*mib)
 	target := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, target, "xfs", nil))
+	must(t, m.FormatAndMount(ctx, dev, target, "xfs", nil, nil))
 	must(t, m.Unmount(ctx, target))
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil); !errors.Is(err, mounter.ErrFormatMismatch) {
+	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); !errors.Is(err, mounter.ErrFormatMismatch) {
 		t.Fatalf("FormatAndMount of an xfs device as ext4: %v, want ErrFormatMismatch", err)
 	}
 	mounted(t, m, target, false)
@@ -168,7 +169,7 @@ func testProbeFailure(t *testing.T, e Env) {
 	if _, err := m.Filesystem(ctx, dev); !errors.Is(err, mounter.ErrProbeFailed) {
 		t.Fatalf("Filesystem: %v, want ErrProbeFailed", err)
 	}
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil); !errors.Is(err, mounter.ErrProbeFailed) {
+	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); !errors.Is(err, mounter.ErrProbeFailed) {
 		t.Fatalf("FormatAndMount: %v, want ErrProbeFailed", err)
 	}
 	mounted(t, m, target, false)
@@ -179,7 +180,7 @@ func testReadOnlyBlank(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	target := filepath.Join(e.Dir, "staging")
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", []string{"ro"}); err == nil {
+	if err := m.FormatAndMount(ctx, dev, target, "ext4", []string{"ro"}, nil); err == nil {
 		t.Fatal("a blank device was formatted for a read-only mount")
 	}
 	if fsType, err := m.Filesystem(ctx, dev); err != nil || fsType != "" {
@@ -188,11 +189,52 @@ func testReadOnlyBlank(t *testing.T, e Env) {
 	mounted(t, m, target, false)
 }
 
+// testRecord: FormatAndMount hands what it will make to record before it
+// makes anything, and makes nothing when record fails or panics.
+func testRecord(t *testing.T, e Env) {
+	m := e.Mounter
+	dev := e.Device(t, 64*mib)
+	target := filepath.Join(e.Dir, "staging")
+	want := mounter.Made{Kind: mounter.FilesystemMount, Source: dev, Created: true, Mounted: true}
+	var records []mounter.Made
+	refused := errors.New("the record could not be written")
+	record := func(err error) func(mounter.Made) error {
+		return func(made mounter.Made) error {
+			records = append(records, made)
+			if _, serr := os.Lstat(target); !errors.Is(serr, fs.ErrNotExist) {
+				t.Errorf("%s exists while its record is written: %v", target, serr)
+			}
+			return err
+		}
+	}
+	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, record(refused)); !errors.Is(err, refused) {
+		t.Fatalf("FormatAndMount whose record fails: %v, want the record's error", err)
+	}
+	gone(t, target)
+	mounted(t, m, target, false)
+	func() {
+		defer func() {
+			if p := recover(); p != "record panicked" {
+				t.Fatalf("FormatAndMount whose record panics: recovered %v, want the record's panic", p)
+			}
+		}()
+		_ = m.FormatAndMount(ctx, dev, target, "ext4", nil, func(mounter.Made) error { panic("record panicked") })
+	}()
+	gone(t, target)
+	must(t, m.FormatAndMount(ctx, dev, target, "ext4", nil, record(nil)))
+	mounted(t, m, target, true)
+	must(t, m.FormatAndMount(ctx, dev, target, "ext4", nil, record(nil))) // mounted already: nothing to record
+	if len(records) != 2 || records[0] != want || records[1] != want {
+		t.Fatalf("recorded %+v, want %+v twice (the failed record, then the mount's)", records, want)
+	}
+	must(t, m.Unmount(ctx, target))
+}
+
 func testPublish(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	staging := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
 	rw, ro := filepath.Join(e.Dir, "pods", "a", "mount"), filepath.Join(e.Dir, "pods", "b", "mount")
 	mkdirs(t, filepath.Dir(rw), filepath.Dir(ro))
 	for range 2 {
@@ -257,7 +299,7 @@ func testGrow(t *testing.T, e Env) {
 		size := sizes[fsType]
 		dev := e.Device(t, size)
 		target := filepath.Join(e.Dir, "staging-"+fsType)
-		must(t, m.FormatAndMount(ctx, dev, target, fsType, nil))
+		must(t, m.FormatAndMount(ctx, dev, target, fsType, nil, nil))
 		before, err := m.Stats(ctx, target)
 		must(t, err)
 		must(t, m.Unmount(ctx, target))
@@ -267,7 +309,7 @@ func testGrow(t *testing.T, e Env) {
 			t.Fatalf("%s: DeviceSize after the resize = %d, %v; want %d", fsType, got, err, 2*size)
 		}
 		// Staging again, as the engine does: mount, then grow.
-		must(t, m.FormatAndMount(ctx, dev, target, fsType, nil))
+		must(t, m.FormatAndMount(ctx, dev, target, fsType, nil, nil))
 		if _, err := m.GrowFilesystem(ctx, dev, target); err != nil {
 			t.Fatalf("%s: GrowFilesystem: %v", fsType, err)
 		}
@@ -306,7 +348,7 @@ func testInvalidPaths(t *testing.T, e Env) {
 	good := filepath.Join(e.Dir, "good")
 	for _, bad := range []string{"", "relative", filepath.Join(e.Dir, "x") + "/../good"} {
 		errs := map[string]error{
-			"FormatAndMount":  m.FormatAndMount(ctx, bad, good, "ext4", nil),
+			"FormatAndMount":  m.FormatAndMount(ctx, bad, good, "ext4", nil, nil),
 			"BindMount":       m.BindMount(ctx, good, bad, false),
 			"BindMountDevice": m.BindMountDevice(ctx, bad, good, false),
 			"Unmount":         m.Unmount(ctx, bad),
@@ -359,7 +401,7 @@ func testSymlinks(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	staging := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
 	defer func() { must(t, m.Unmount(ctx, staging)) }()
 	elsewhere := filepath.Join(e.Dir, "elsewhere")
 	mkdirs(t, filepath.Join(elsewhere, "empty"))
@@ -373,7 +415,7 @@ func testSymlinks(t *testing.T, e Env) {
 	for _, link := range []string{"link-to-dir", "link-to-file", "link-parent/empty", "link-parent/new", "link-to-staging"} {
 		p := filepath.Join(e.Dir, link)
 		errs := map[string]error{
-			"FormatAndMount":  m.FormatAndMount(ctx, dev, p, "ext4", nil),
+			"FormatAndMount":  m.FormatAndMount(ctx, dev, p, "ext4", nil, nil),
 			"BindMount":       m.BindMount(ctx, staging, p, false),
 			"BindMount from":  m.BindMount(ctx, p, filepath.Join(e.Dir, "target"), false),
 			"BindMountDevice": m.BindMountDevice(ctx, dev, p, false),
@@ -400,14 +442,14 @@ func testAnotherMount(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	staging := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
 	other := filepath.Join(e.Dir, "other")
 	mkdirs(t, other)
 	target := filepath.Join(e.Dir, "target")
 	must(t, m.BindMount(ctx, other, target, false))
 	must(t, os.WriteFile(filepath.Join(target, "theirs"), []byte("x"), 0o600))
 	errs := map[string]error{
-		"FormatAndMount":  m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil),
+		"FormatAndMount":  m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil, nil),
 		"BindMount":       m.BindMount(ctx, staging, target, false),
 		"BindMountDevice": m.BindMountDevice(ctx, dev, target, false),
 	}
@@ -439,7 +481,7 @@ func testContent(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	staging := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
 	defer func() { must(t, m.Unmount(ctx, staging)) }()
 	full := filepath.Join(e.Dir, "full")
 	mkdirs(t, full, filepath.Join(e.Dir, "emptydir"))
@@ -467,7 +509,7 @@ func testContent(t *testing.T, e Env) {
 		var err error
 		switch c.kind {
 		case mounter.FilesystemMount:
-			err = m.FormatAndMount(ctx, dev, c.path, "ext4", nil)
+			err = m.FormatAndMount(ctx, dev, c.path, "ext4", nil, nil)
 		case mounter.DirBind:
 			src, err = staging, m.BindMount(ctx, staging, c.path, false)
 		case mounter.DeviceBind:
@@ -496,7 +538,7 @@ func testPlanUndo(t *testing.T, e Env) {
 	if want := (mounter.Made{Kind: mounter.FilesystemMount, Source: dev, Created: true, Mounted: true}); made != want {
 		t.Fatalf("Plan of a new staging = %+v, want %+v", made, want)
 	}
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil))
+	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
 	if again, err := m.Plan(ctx, mounter.FilesystemMount, dev, staging); err != nil || !again.Nothing() {
 		t.Fatalf("Plan once mounted = %+v, %v; want nothing to make", again, err)
 	}
@@ -572,7 +614,7 @@ func testDeviceUses(t *testing.T, e Env) {
 	pod := filepath.Join(e.Dir, "pods", "a", "mount")
 	target := filepath.Join(e.Dir, "pods", "b", "volumeDevices", "disk")
 	mkdirs(t, filepath.Dir(pod), filepath.Dir(target))
-	must(t, m.FormatAndMount(ctx, fs, staging, "ext4", nil))
+	must(t, m.FormatAndMount(ctx, fs, staging, "ext4", nil, nil))
 	must(t, m.BindMount(ctx, staging, pod, false))
 	must(t, m.BindMountDevice(ctx, raw, target, false))
 	// A filesystem's bind mounts are its mounts too; a device's node bound
