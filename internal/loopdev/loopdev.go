@@ -88,10 +88,13 @@ func IDOf(fi os.FileInfo) (FileID, error) {
 // order. It reads sysfs only, so it needs no privilege; a device released
 // while List runs is left out.
 func List() ([]Device, error) {
-	return listIn(sysBlock)
+	return listIn(sysBlock, nil)
 }
 
-func listIn(root string) ([]Device, error) {
+// listIn lists the bound loop devices under root whose backing file path
+// keep accepts (nil keeps all): the other sysfs attributes are read only
+// for those.
+func listIn(root string, keep func(backing string) bool) ([]Device, error) {
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return nil, fmt.Errorf("list loop devices: %w", err)
@@ -102,7 +105,7 @@ func listIn(root string) ([]Device, error) {
 		if !ok {
 			continue
 		}
-		d, bound, err := readSys(root, n)
+		d, bound, err := readSys(root, n, keep)
 		if err != nil {
 			return nil, err
 		}
@@ -128,8 +131,8 @@ func loopNumber(name string) (int, bool) {
 }
 
 // readSys reads /sys/block/loopN. bound is false when the device has no
-// backing file (or vanished meanwhile).
-func readSys(root string, n int) (d Device, bound bool, err error) {
+// backing file (or vanished meanwhile), or one keep (when not nil) refuses.
+func readSys(root string, n int, keep func(backing string) bool) (d Device, bound bool, err error) {
 	dir := filepath.Join(root, "loop"+strconv.Itoa(n))
 	raw, err := os.ReadFile(filepath.Join(dir, "loop", "backing_file"))
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO) {
@@ -143,6 +146,9 @@ func readSys(root string, n int) (d Device, bound bool, err error) {
 	backing := strings.TrimSuffix(string(raw), "\n")
 	d = Device{Path: "/dev/loop" + strconv.Itoa(n), Number: n}
 	d.BackingFile, d.Deleted = strings.CutSuffix(backing, " (deleted)")
+	if keep != nil && !keep(d.BackingFile) {
+		return Device{}, false, nil
+	}
 	d.AutoClear = readSysInt(filepath.Join(dir, "loop", "autoclear")) == 1
 	d.ReadOnly = readSysInt(filepath.Join(dir, "ro")) == 1
 	d.SizeBytes = readSysInt(filepath.Join(dir, "size")) * 512
@@ -215,19 +221,17 @@ func Number(path string) (int, bool) {
 }
 
 // Find returns the bound loop devices whose backing file is id. candidate,
-// when not nil, first filters the sysfs listing cheaply (for example by the
-// backing file's base name) so that only plausible devices are opened.
-// Devices being released (AutoClear) are included; callers decide.
-func Find(id FileID, candidate func(Device) bool) ([]Device, error) {
-	all, err := List()
+// when not nil, first filters the sysfs listing cheaply by the backing
+// file's path (for example by its base name), so that only plausible
+// devices have their other attributes read and are opened. Devices being
+// released (AutoClear) are included; callers decide.
+func Find(id FileID, candidate func(backing string) bool) ([]Device, error) {
+	all, err := listIn(sysBlock, candidate)
 	if err != nil {
 		return nil, err
 	}
 	var out []Device
 	for _, d := range all {
-		if candidate != nil && !candidate(d) {
-			continue
-		}
 		got, err := Backing(d.Path)
 		if errors.Is(err, unix.ENXIO) || errors.Is(err, os.ErrNotExist) {
 			continue // released since List
@@ -323,7 +327,7 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 	if err != nil {
 		return Device{}, err
 	}
-	d, bound, err := readSys(sysBlock, n)
+	d, bound, err := readSys(sysBlock, n, nil)
 	if err != nil {
 		return Device{}, err
 	}
@@ -401,7 +405,7 @@ func Release(ctx context.Context, path string, id FileID) error {
 	}
 	// What sysfs says while the device is ours, to recognise it below
 	// without opening the device again (an opener delays the release).
-	before, bound, err := readSys(sysBlock, n)
+	before, bound, err := readSys(sysBlock, n, nil)
 	if err != nil || !bound {
 		f.Close()
 		return err
@@ -436,7 +440,7 @@ func notBound(f *os.File) error {
 func waitReleased(ctx context.Context, n int, backing string) error {
 	delay := time.Millisecond
 	for {
-		d, bound, err := readSys(sysBlock, n)
+		d, bound, err := readSys(sysBlock, n, nil)
 		if err != nil {
 			return err
 		}

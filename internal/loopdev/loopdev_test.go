@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -255,7 +256,7 @@ func TestListIgnoresOtherEntries(t *testing.T) {
 	mk("sda/size", "100\n")
 	mk("loopx/loop/backing_file", "/nope\n")
 
-	got, err := listIn(root)
+	got, err := listIn(root, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,12 +264,16 @@ func TestListIgnoresOtherEntries(t *testing.T) {
 		{Path: "/dev/loop2", Number: 2, BackingFile: "/state/disks/disk-a.img", ReadOnly: true},
 		{Path: "/dev/loop10", Number: 10, BackingFile: "/state/disks/disk-b.img", Deleted: true, AutoClear: true, SizeBytes: mib},
 	}
-	if len(got) != len(want) {
+	if !slices.Equal(got, want) {
 		t.Fatalf("listIn = %+v, want %+v", got, want)
 	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("device %d = %+v, want %+v", i, got[i], want[i])
-		}
+	// A filter on the backing file keeps only what it accepts, with every
+	// attribute read for it.
+	got, err = listIn(root, func(backing string) bool { return filepath.Base(backing) == "disk-b.img" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want[1:]) {
+		t.Fatalf("listIn filtered = %+v, want %+v", got, want[1:])
 	}
 }

@@ -412,7 +412,7 @@ func (c *Cloud) devicesOf(id diskID) ([]loopdev.Device, loopdev.FileID, error) {
 		return nil, loopdev.FileID{}, err
 	}
 	name := filepath.Base(img)
-	devs, err := loopdev.Find(fid, func(d loopdev.Device) bool { return filepath.Base(d.BackingFile) == name })
+	devs, err := loopdev.Find(fid, func(backing string) bool { return filepath.Base(backing) == name })
 	if err != nil {
 		return nil, loopdev.FileID{}, fmt.Errorf("find loop devices of %s: %v: %w", id, err, cloud.ErrTransient)
 	}
