@@ -184,6 +184,12 @@ func (s *state) close() error {
 	if s.oplog != nil {
 		err = s.oplog.close()
 	}
+	s.syncersMu.Lock()
+	for _, d := range s.syncers {
+		d.close()
+	}
+	s.syncers = nil
+	s.syncersMu.Unlock()
 	return errors.Join(err, s.lockF.Close())
 }
 
@@ -331,7 +337,7 @@ type diskRecord struct {
 
 // readDisk reads a disk record; a missing one is ErrNotFound.
 func (s *state) readDisk(id diskID) (cloud.Disk, error) {
-	raw, err := os.ReadFile(s.recordPath(id))
+	raw, err := readRegular(s.recordPath(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return cloud.Disk{}, fmt.Errorf("disk %s: %w", id, cloud.ErrNotFound)
 	}
