@@ -17,13 +17,16 @@ import (
 
 // CreateDisk creates a disk; see cloud.Cloud. Under the lock of its name:
 // the name index is asked for the name (a disk of that name is the answer
-// to a repeated call); the new disk's id is entered under the name, the
-// image is made and fsynced, and only then is the record written: the disk
-// exists once its record does, and its name entry is durable before that,
-// so a crash can never leave a disk that a repeated call would not find. A
-// disk larger than the free space of the state directory is
-// ErrLimitReached (images are sparse, so disks created earlier may still
-// fill it later). A disk with a source is made by cloneLocked (clone.go).
+// to a repeated call); the new disk's record is written and fsynced,
+// entered under the name (durably), and only then linked into place: the
+// disk exists once its record does, and its name entry is durable before
+// that, so a crash can never leave a disk that a repeated call would not
+// find. The disk has no image yet: a disk that was never attached holds
+// only zeros, and its image is made by its first attach (ensureImage), as
+// a cloud allocates a volume's blocks when they are first written. A disk
+// larger than the free space of the state directory is ErrLimitReached
+// (images are sparse, so disks created earlier may still fill it later).
+// A disk with a source is made by cloneLocked (clone.go).
 func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Operation, error) {
 	size, err := roundSize(spec.SizeBytes)
 	if err != nil {
@@ -113,10 +116,10 @@ func (s *state) freshID() diskID {
 	}
 }
 
-// createLocked makes disk d. Its record is written once, unnamed, and
-// fsynced, and linked into the name index (durably), while the image is
-// made; then the record is linked into place, which makes the disk exist. The caller
-// holds the locks of its name and its id.
+// createLocked makes disk d: its record is written once, unnamed, and
+// fsynced, linked into the name index (durably), then linked into place,
+// which makes the disk exist. The caller holds the locks of its name and
+// its id.
 func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
 	id := diskID(d.ID)
 	fail := func(what string, err error) (cloud.Operation, error) {
@@ -124,32 +127,15 @@ func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (clou
 		err = c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure(what, err))
 		return op, err
 	}
-	// The image is made while the record is written and named: their
-	// fsyncs are independent, and the device merges flushes that come
-	// together.
-	image := make(chan error, 1)
-	go func() { image <- c.s.createImage(id, d.SizeBytes) }()
 	record, err := c.s.newRecord(d)
-	if err == nil {
-		defer record.Close()
-		if err = c.s.name(hash, record); err != nil {
-			err = fmt.Errorf("index the disk's name: %w", err)
-		}
-	}
-	if err == nil {
-		c.s.hit(crash.LocalCreateNamed)
-	}
-	imageErr := <-image // never left running: the locks are released on return
 	if err != nil {
-		if imageErr == nil {
-			_ = os.Remove(c.s.imagePath(id)) // made here, for this create alone
-		}
 		return fail("write disk record", err)
 	}
-	if imageErr != nil {
-		return fail("create image", imageErr)
+	defer record.Close()
+	if err := c.s.name(hash, record); err != nil {
+		return fail("index the disk's name", err)
 	}
-	c.s.hit(crash.LocalCreateImage)
+	c.s.hit(crash.LocalCreateNamed)
 	if err := linkFile(record, c.s.recordPath(id)); err != nil {
 		return fail("write disk record", err)
 	}
@@ -169,19 +155,37 @@ func (c *Cloud) recordedFailure(op *cloud.Operation, kind cloud.OpKind, id diskI
 	return err
 }
 
-// createImage makes a new sparse image of size bytes, whole or not at all
-// (createFile). Its size and its directory entry are metadata, made
-// durable with the record's, in the same directory: by the record's
-// directory fsync on a file system that orders its metadata, by an fsync
-// of the image before on any other (syncEarlier).
-func (s *state) createImage(id diskID, size int64) error {
-	return createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(size) }, !s.orderedMeta)
+// ensureImage makes the image of disk d, a sparse file of its size, if it
+// has none yet, whole or not at all (createFile), and makes its directory
+// entry durable before a later change is (syncEarlier): the caller then
+// records the disk attached, and an attached disk always has its image.
+// An image found in place is the disk's own (ids are never reused, and
+// Open removes images without a record); it may come from an attach that
+// a kill cut short before its entry was durable, so the entry is made
+// durable all the same. The caller holds the disk's lock.
+func (s *state) ensureImage(d cloud.Disk) error {
+	id := diskID(d.ID)
+	_, err := os.Lstat(s.imagePath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		// The image's size is metadata, made durable with its entry on a
+		// file system that orders its metadata, and by an fsync of the
+		// image before it is named on any other.
+		err = createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(d.SizeBytes) }, !s.orderedMeta)
+		if err == nil {
+			s.hit(crash.LocalAttachImage)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return s.syncEarlier(s.disks)
 }
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name
 // and its id, the record goes first (the disk no longer exists), then its
-// name entry and its image; a crash in between leaves an entry and an image
-// that the next create of the name, or Open, removes. A detached disk has
+// name entry and its image (if it was ever attached); a crash in between
+// leaves an entry and an image that the next create of the name, or Open,
+// removes. A detached disk has
 // no loop device csid made (a detach releases it, under the same lock as
 // the node's binding); one bound by hand is not csid's to release, keeps
 // the deleted image's blocks until its owner releases it, and is shown by
@@ -242,10 +246,12 @@ func (c *Cloud) recordLocked(ctx context.Context, kind cloud.OpKind, id diskID, 
 	return op, err
 }
 
-// ResizeDisk grows a detached disk; see cloud.Cloud. The image grows
-// (sparse) and is fsynced before the record says so; a crash in between
-// leaves an image larger than its record, which is harmless (the loop
-// device is capped at the recorded size) and the retry completes.
+// ResizeDisk grows a detached disk; see cloud.Cloud. The image, if the disk
+// has one yet, grows (sparse) and is fsynced before the record says so; a
+// crash in between leaves an image larger than its record, which is
+// harmless (the loop device is capped at the recorded size) and the retry
+// completes. A disk never attached has no image: its record alone grows,
+// and its first attach makes the image of the new size.
 func (c *Cloud) ResizeDisk(ctx context.Context, diskIDStr string, sizeBytes int64) (cloud.Operation, error) {
 	id, ok := parseDiskID(diskIDStr)
 	if !ok {
@@ -328,9 +334,13 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskIDStr string, tags map[s
 	return op, err
 }
 
-// growImage extends an image to size bytes (never shrinks it) and fsyncs it.
+// growImage extends an image to size bytes (never shrinks it) and fsyncs
+// it. A disk without an image (never attached) has nothing to grow.
 func growImage(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

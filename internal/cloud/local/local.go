@@ -1,8 +1,9 @@
 // Package local is csid's embedded provider: block storage on one Linux
 // machine with nothing else installed. A disk is a sparse file under the
-// state directory; attaching it to a node records the attachment, and the
-// node (Host) materialises it as a loop device, found again by its backing
-// file after a restart. Like the offline-only clouds csid is built for, a
+// state directory, made by the disk's first attach (until then the disk is
+// zeros, and only its record exists); attaching it to a node records the
+// attachment, and the node (Host) materialises it as a loop device, found
+// again by its backing file after a restart. Like the offline-only clouds csid is built for, a
 // disk grows only while detached.
 //
 // Two processes use one state directory at once (a controller and a node

@@ -27,7 +27,8 @@ import (
 //	format                  "csid-local 2": the layout version
 //	lock                    the lock file (see locks.go)
 //	nodes.json              registered nodes
-//	disks/<id>.img          disk image, a sparse file
+//	disks/<id>.img          disk image, a sparse file, made by the disk's
+//	                        first attach (a disk never attached is zeros)
 //	disks/<id>.json         disk record; the disk exists iff this file does
 //	names/<name hash>       the name index: a hard link to the first record
 //	                        of the disk of that name (index.go)
