@@ -116,16 +116,17 @@ func (c *Cloud) cloneLocked(ctx context.Context, hash string, d cloud.Disk, star
 		return fail("name the disk's image", err)
 	}
 	c.s.hit(crash.LocalCloneImage)
-	record, err := c.s.newRecord(d)
+	record, err := c.s.recordFile(d)
 	if err != nil {
 		return fail("write disk record", err)
 	}
-	defer record.Close()
 	if err := c.s.name(hash, record); err != nil {
+		_ = os.Remove(record)
 		return fail("index the disk's name", err)
 	}
 	c.s.hit(crash.LocalCreateNamed)
-	if err := linkFile(record, c.s.recordPath(id)); err != nil {
+	if err := renameNoReplace(record, c.s.recordPath(id)); err != nil {
+		_ = os.Remove(record)
 		return fail("write disk record", err)
 	}
 	if err := c.s.syncDir(c.s.disks); err != nil {

@@ -105,21 +105,26 @@ func (c *Cloud) byName(hash, name string) (cloud.Disk, bool, error) {
 	return d, true, nil
 }
 
-// freshID is a disk id nothing in the directory uses yet.
+// freshID is a disk id nothing in the directory uses yet: no record, and
+// no image left by a delete a kill cut short.
 func (s *state) freshID() diskID {
 	for {
 		id := newDiskID()
-		if _, err := os.Lstat(s.imagePath(id)); errors.Is(err, os.ErrNotExist) {
+		_, err := os.Lstat(s.imagePath(id))
+		if errors.Is(err, os.ErrNotExist) {
+			_, err = os.Lstat(s.recordPath(id))
+		}
+		if errors.Is(err, os.ErrNotExist) {
 			return id
 		}
 		// 64 random bits collided: pick again.
 	}
 }
 
-// createLocked makes disk d: its record is written once, unnamed, and
-// fsynced, linked into the name index (durably), then linked into place,
-// which makes the disk exist. The caller holds the locks of its name and
-// its id.
+// createLocked makes disk d: its record is written whole and durably
+// under a temporary name (recordFile), entered under its name in the name
+// index (durably), then renamed into place, which makes the disk exist.
+// The caller holds the locks of its name and its id.
 func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
 	id := diskID(d.ID)
 	fail := func(what string, err error) (cloud.Operation, error) {
@@ -127,16 +132,17 @@ func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (clou
 		err = c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure(what, err))
 		return op, err
 	}
-	record, err := c.s.newRecord(d)
+	tmp, err := c.s.recordFile(d)
 	if err != nil {
 		return fail("write disk record", err)
 	}
-	defer record.Close()
-	if err := c.s.name(hash, record); err != nil {
+	if err := c.s.name(hash, tmp); err != nil {
+		_ = os.Remove(tmp)
 		return fail("index the disk's name", err)
 	}
 	c.s.hit(crash.LocalCreateNamed)
-	if err := linkFile(record, c.s.recordPath(id)); err != nil {
+	if err := renameNoReplace(tmp, c.s.recordPath(id)); err != nil {
+		_ = os.Remove(tmp)
 		return fail("write disk record", err)
 	}
 	if err := c.s.syncDir(c.s.disks); err != nil {
@@ -182,14 +188,15 @@ func (s *state) ensureImage(d cloud.Disk) error {
 }
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name
-// and its id, the record goes first (the disk no longer exists), then its
-// name entry and its image (if it was ever attached); a crash in between
-// leaves an entry and an image that the next create of the name, or Open,
-// removes. A detached disk has
-// no loop device csid made (a detach releases it, under the same lock as
-// the node's binding); one bound by hand is not csid's to release, keeps
-// the deleted image's blocks until its owner releases it, and is shown by
-// csid check.
+// and its id, the record goes first, durably (the disk no longer exists),
+// then its name entry and its image (if it was ever attached); a crash in
+// between leaves an entry and an image that the next create of the name,
+// or Open, removes. The record file (and the name entry's, when the
+// record was replaced since) becomes a spare for a later create (spare.go).
+// A detached disk has no loop device csid made (a detach releases it,
+// under the same lock as the node's binding); one bound by hand is not
+// csid's to release, keeps the deleted image's blocks until its owner
+// releases it, and is shown by csid check.
 func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operation, error) {
 	id, ok := parseDiskID(diskIDStr)
 	if !ok {
@@ -218,7 +225,10 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 		if d.AttachedTo != "" {
 			return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
 		}
-		if err := os.Remove(c.s.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// The record leaves its place for a temporary name, from which
+		// it becomes a spare.
+		retired := tempPath(c.s.disks, string(id)+recSuffix)
+		if err := os.Rename(c.s.recordPath(id), retired); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
 		}
 		if err := c.s.syncDir(c.s.disks); err != nil {
@@ -228,6 +238,7 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 		// The disk is gone with its record. What is left if these fail
 		// is found stale and removed later.
 		_ = c.s.unname(hash, id)
+		c.s.spares.retire(retired, true)
 		_ = os.Remove(c.s.imagePath(id))
 		op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
 		return err

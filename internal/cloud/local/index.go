@@ -109,27 +109,27 @@ func openNoEINTR(path string, flags int) (int, error) {
 	}
 }
 
-// name links the new disk's record file, still unnamed, under hash in the
-// name index, durable before the record is (syncEarlier). The caller holds the name's lock and has removed
+// name links the new disk's record, written whole at path (a temporary
+// name), under hash in the name index, durable before the record is in
+// place (syncEarlier). The caller holds the name's lock and has removed
 // any stale entry.
-func (s *state) name(hash string, record *os.File) error {
-	if err := linkFile(record, s.namePath(hash)); err != nil {
+func (s *state) name(hash, path string) error {
+	if err := os.Link(path, s.namePath(hash)); err != nil {
 		return err
 	}
 	return s.syncEarlier(s.names)
 }
 
-// unname removes the entry of hash if it points to id. The caller holds
-// the name's lock. It is not made durable: an entry that comes back after
-// a power loss is stale, and treated so.
+// unname removes the entry of hash if it points to id; its file becomes a
+// spare once it is no record either (spare.go). The caller holds the
+// name's lock. The removal is not made durable: an entry that comes back
+// after a crash of the machine is stale, and treated so.
 func (s *state) unname(hash string, id diskID) error {
 	got, ok, err := s.named(hash)
 	if err != nil || !ok || got != id {
 		return err
 	}
-	if err := os.Remove(s.namePath(hash)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
+	s.spares.retire(s.namePath(hash), true)
 	return nil
 }
 
@@ -152,12 +152,20 @@ func (s *state) attachments(hash string) ([]diskID, error) {
 }
 
 // indexAttachment enters disk id under node hash, durable before the
-// record says attached (syncEarlier). The caller
-// holds the disk's lock.
+// record says attached (syncEarlier). A new directory and a new entry are
+// new inodes, each written (fsynced) before a directory entry names it,
+// on a file system that does not order its metadata: there, a name that
+// reached the device before its inode is removed by e2fsck after a crash
+// of the machine. The caller holds the disk's lock.
 func (s *state) indexAttachment(hash string, id diskID) error {
 	dir := s.nodeDir(hash)
 	switch err := os.Mkdir(dir, 0o700); {
 	case err == nil:
+		if !s.orderedMeta {
+			if err := syncDir(dir); err != nil {
+				return err
+			}
+		}
 		if err := s.syncEarlier(s.attached); err != nil {
 			return err
 		}
@@ -168,7 +176,10 @@ func (s *state) indexAttachment(hash string, id diskID) error {
 	if err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
+	if !s.orderedMeta {
+		err = f.Sync()
+	}
+	if err := errors.Join(err, f.Close()); err != nil {
 		return err
 	}
 	return s.syncEarlier(dir)
