@@ -121,35 +121,41 @@ func (s *state) freshID() diskID {
 	}
 }
 
-// createLocked makes disk d: its record is written whole and durably
-// under a temporary name (recordFile), entered under its name in the name
-// index (durably), then renamed into place, which makes the disk exist.
-// The caller holds the locks of its name and its id.
+// createLocked makes disk d (placeRecord). The caller holds the locks of
+// its name and its id.
 func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
-	id := diskID(d.ID)
-	fail := func(what string, err error) (cloud.Operation, error) {
+	if what, err := c.s.placeRecord(hash, d); err != nil {
 		var op cloud.Operation
-		err = c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure(what, err))
+		err = c.recordedFailure(&op, cloud.OpCreate, diskID(d.ID), "", started, ioFailure(what, err))
 		return op, err
 	}
-	tmp, err := c.s.recordFile(d)
+	return c.record(cloud.OpCreate, diskID(d.ID), "", started, &d, nil)
+}
+
+// placeRecord writes the record of new disk d whole and durably under a
+// temporary name (recordFile), enters it under its name in the name index
+// (durably), then renames it into place, which makes the disk exist. On
+// failure it says what failed and leaves no temporary name. The caller
+// holds the locks of the disk's name and its id.
+func (s *state) placeRecord(hash string, d cloud.Disk) (string, error) {
+	tmp, err := s.recordFile(d)
 	if err != nil {
-		return fail("write disk record", err)
+		return "write disk record", err
 	}
-	if err := c.s.name(hash, tmp); err != nil {
+	if err := s.name(hash, tmp); err != nil {
 		_ = os.Remove(tmp)
-		return fail("index the disk's name", err)
+		return "index the disk's name", err
 	}
-	c.s.hit(crash.LocalCreateNamed)
-	if err := renameNoReplace(tmp, c.s.recordPath(id)); err != nil {
+	s.hit(crash.LocalCreateNamed)
+	if err := renameNoReplace(tmp, s.recordPath(diskID(d.ID))); err != nil {
 		_ = os.Remove(tmp)
-		return fail("write disk record", err)
+		return "write disk record", err
 	}
-	if err := c.s.syncDir(c.s.disks); err != nil {
-		return fail("write disk record", err)
+	if err := s.syncDir(s.disks); err != nil {
+		return "write disk record", err
 	}
-	c.s.hit(crash.LocalCreateRecorded)
-	return c.record(cloud.OpCreate, id, "", started, &d, nil)
+	s.hit(crash.LocalCreateRecorded)
+	return "", nil
 }
 
 // recordedFailure records an operation that failed while running and makes
