@@ -421,10 +421,12 @@ func TestOpenCleansUpAfterACrash(t *testing.T) {
 	d := create(t, c, "pvc-1", gib)
 	c.Close()
 
-	// What a crash can leave: a temporary image, a temporary record, an
-	// image whose record was never written.
+	// What a crash can leave: a temporary image, a temporary record, a
+	// temporary freeze record, an image whose record was never written.
 	orphan := filepath.Join(dir, disksDir, "disk-00000000000000aa"+imageSuffix)
+	freeze := filepath.Join(dir, frozenDir, tmpPrefix+"disk-00000000000000cc"+recSuffix+"-0123456789abcdef")
 	for _, path := range []string{
+		freeze,
 		filepath.Join(dir, disksDir, tmpPrefix+"disk-00000000000000bb-123"),
 		filepath.Join(dir, disksDir, tmpPrefix+"456"),
 		filepath.Join(dir, opsDir, tmpPrefix+"789"),
@@ -436,8 +438,10 @@ func TestOpenCleansUpAfterACrash(t *testing.T) {
 		}
 	}
 	c = open(t, dir, Options{})
-	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("orphaned image survived Open: %v", err)
+	for _, path := range []string{orphan, freeze} {
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s survived Open: %v", path, err)
+		}
 	}
 	page, err := c.ListDisks(context.Background(), cloud.ListOptions{})
 	if err != nil || len(page.Disks) != 1 || page.Disks[0].ID != d.ID {
