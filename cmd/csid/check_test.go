@@ -85,6 +85,9 @@ func TestCheckFindsEachConditionForReal(t *testing.T) {
 	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: pub, StagingTargetPath: staging, VolumeCapability: vc, PublishContext: pc.PublishContext})).Must(t)
 	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: pub, TargetPath: target, StagingTargetPath: staging, VolumeCapability: vc})).Must(t)
 	spare, doomed := create("pvc-spare"), create("pvc-doomed")
+	// The spare was attached once (which made its image), and is detached.
+	apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: spare, NodeId: "node-1", VolumeCapability: vc})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: spare, NodeId: "node-1"})).Must(t)
 
 	args := []string{"--state-dir", dir, "--kubelet-root", kubelet}
 	expectClean := func(when string) {

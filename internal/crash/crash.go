@@ -53,9 +53,9 @@ const (
 
 	// The local backend's own steps (internal/cloud/local).
 	LocalCreateNamed    = "local.create_named"
-	LocalCreateImage    = "local.create_image"
 	LocalCreateRecorded = "local.create_recorded"
 	LocalDeleteRemoved  = "local.delete_removed"
+	LocalAttachImage    = "local.attach_image"
 	LocalAttachIndexed  = "local.attach_indexed"
 	LocalAttachRecorded = "local.attach_recorded"
 	LocalDetachReleased = "local.detach_released"
@@ -91,10 +91,10 @@ var Points = map[string]string{
 	MounterGrowRecorded:    "an offline growth of a filesystem is recorded; e2fsck and resize2fs have not run",
 	MounterResizeRunning:   "resize2fs is growing a filesystem offline; csid's process group dies, resize2fs with it",
 	MounterAfterResize:     "resize2fs has grown the filesystem; its growth record is not yet cleared",
-	LocalCreateNamed:       "local backend: a create's name is indexed, its image being made beside; no record",
-	LocalCreateImage:       "local backend: a create's image is in place; no record",
+	LocalCreateNamed:       "local backend: a create's name is indexed; no record",
 	LocalCreateRecorded:    "local backend: a created disk's record is in place; the operation is not recorded",
 	LocalDeleteRemoved:     "local backend: a deleted disk's record is gone; its name entry and image remain",
+	LocalAttachImage:       "local backend: an attach made the disk's image; the record says detached",
 	LocalAttachIndexed:     "local backend: an attachment is indexed under its node; the record says detached",
 	LocalAttachRecorded:    "local backend: an attachment is recorded; the operation is not",
 	LocalDetachReleased:    "local backend: a detach released the loop device; the record says attached",

@@ -42,9 +42,10 @@ func (c *Cloud) RegisterNode(ctx context.Context, node cloud.Node) error {
 
 // AttachDisk records the attachment of a disk to a registered node; see
 // cloud.Cloud. The node's Host makes the loop device when asked for it.
-// The disk is entered in the node's attachment index before its record
-// says attached; a node with a limit is counted from the index, under the
-// lock of its attachments, so two attaches cannot both take its last slot.
+// The disk's image is made if the disk has none yet (ensureImage), and the
+// disk is entered in the node's attachment index, before its record says
+// attached; a node with a limit is counted from the index, under the lock
+// of its attachments, so two attaches cannot both take its last slot.
 func (c *Cloud) AttachDisk(ctx context.Context, diskIDStr, nodeID string) (cloud.Operation, error) {
 	id, ok := parseDiskID(diskIDStr)
 	if !ok {
@@ -81,6 +82,9 @@ func (c *Cloud) AttachDisk(ctx context.Context, diskIDStr, nodeID string) (cloud
 			if err := c.checkRoom(node, hash); err != nil {
 				return err
 			}
+		}
+		if err := c.s.ensureImage(d); err != nil {
+			return c.recordedFailure(&op, cloud.OpAttach, id, nodeID, started, ioFailure("make the disk's image", err))
 		}
 		if err := c.s.indexAttachment(hash, id); err != nil {
 			return c.recordedFailure(&op, cloud.OpAttach, id, nodeID, started, ioFailure("index the attachment", err))

@@ -84,8 +84,8 @@ func cloneSource(src *cloud.DiskSource) *cloud.DiskSource {
 }
 
 // cloneLocked makes disk d, whose d.Source is set, as createLocked makes a
-// disk: its image first (a copy of the source), then its record, named,
-// then linked into place. The caller holds the locks of its name and its
+// disk: its image first (a copy of the source), then its record
+// (placeRecord). The caller holds the locks of its name and its
 // id. A source gone since it was checked, or that cannot be copied
 // consistently now, is the call's error: nothing is made then.
 func (c *Cloud) cloneLocked(ctx context.Context, hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
@@ -116,22 +116,9 @@ func (c *Cloud) cloneLocked(ctx context.Context, hash string, d cloud.Disk, star
 		return fail("name the disk's image", err)
 	}
 	c.s.hit(crash.LocalCloneImage)
-	record, err := c.s.newRecord(d)
-	if err != nil {
-		return fail("write disk record", err)
+	if what, err := c.s.placeRecord(hash, d); err != nil {
+		return fail(what, err)
 	}
-	defer record.Close()
-	if err := c.s.name(hash, record); err != nil {
-		return fail("index the disk's name", err)
-	}
-	c.s.hit(crash.LocalCreateNamed)
-	if err := linkFile(record, c.s.recordPath(id)); err != nil {
-		return fail("write disk record", err)
-	}
-	if err := c.s.syncDir(c.s.disks); err != nil {
-		return fail("write disk record", err)
-	}
-	c.s.hit(crash.LocalCreateRecorded)
 	return c.record(cloud.OpCreate, id, "", started, &d, nil)
 }
 

@@ -38,10 +38,10 @@ type crashCase struct {
 
 var crashCases = []crashCase{
 	{point: crash.LocalCreateNamed, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
-	{point: crash.LocalCreateImage, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
 	{point: crash.LocalCreateRecorded, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
 	{point: crash.LocalDeleteRemoved, setup: detachedDisk, call: deleteDisk, check: noDisks},
 	{point: crash.LocalResizeGrown, setup: detachedDisk, call: resizeDisk, check: grownDisk},
+	{point: crash.LocalAttachImage, setup: detachedDisk, call: attachDisk, check: attachedDisk},
 	{point: crash.LocalAttachIndexed, setup: detachedDisk, call: attachDisk, check: attachedDisk},
 	{point: crash.LocalAttachRecorded, setup: detachedDisk, call: attachDisk, check: attachedDisk},
 	{point: crash.LocalDetachReleased, setup: attachedCrashDisk, call: detachDisk, check: detachedCheck},
@@ -157,9 +157,9 @@ func oneWholeDisk(t *testing.T, c *Cloud, _ string) {
 	if len(disks) != 1 || disks[0].Name != "pvc-crash" || disks[0].SizeBytes != 64*mib {
 		t.Fatalf("after the crash and the retry: %+v, want one 64 MiB disk", disks)
 	}
-	fi, err := os.Stat(c.s.imagePath(diskID(disks[0].ID)))
-	if err != nil || fi.Size() != 64*mib {
-		t.Fatalf("image: %v, %v", fi, err)
+	// Its image is made by its first attach.
+	if _, err := os.Lstat(c.s.imagePath(diskID(disks[0].ID))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("image of a disk never attached: %v, want none", err)
 	}
 }
 
@@ -183,6 +183,10 @@ func attachedDisk(t *testing.T, c *Cloud, disk string) {
 	d, err := c.GetDisk(context.Background(), disk)
 	if err != nil || d.AttachedTo != "node-a" {
 		t.Fatalf("after the crash and the retry: %+v, %v; want attached to node-a", d, err)
+	}
+	fi, err := os.Lstat(c.s.imagePath(diskID(disk)))
+	if err != nil || fi.Size() != d.SizeBytes {
+		t.Fatalf("image of the attached disk: %v, %v; want %d bytes", fi, err, d.SizeBytes)
 	}
 }
 

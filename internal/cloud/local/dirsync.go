@@ -1,50 +1,124 @@
 package local
 
 import (
+	"errors"
+	"fmt"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // dirSyncer shares a directory's fsyncs among the operations that need
 // one at the same time. A caller needs an fsync that starts after its
 // change to the directory; while one runs, callers queue for the next,
 // and that one fsync serves them all: at concurrency 8 a create or delete
-// then pays a fraction of a flush of the device instead of one each.
+// then pays a fraction of a flush of the device instead of one each. The
+// directory stays open between rounds (an open costs six system calls
+// through package os, as many as the rest of a delete).
 type dirSyncer struct {
 	dir   string
-	fsync func(dir string) error // syncDir; tests count the rounds
+	fsync func() error // d.syncOpen; tests count the rounds
+	fd    int          // the directory, open for the rounds; -1 when not; only the running round uses it
 
 	mu      sync.Mutex
 	cond    *sync.Cond
 	started uint64 // rounds begun
 	done    uint64 // rounds finished
+	good    uint64 // the latest round that succeeded
 	running bool
 	errs    map[uint64]error // of finished rounds still awaited
 	waiting map[uint64]int
 }
 
 func newDirSyncer(dir string) *dirSyncer {
-	d := &dirSyncer{dir: dir, fsync: syncDir, errs: map[uint64]error{}, waiting: map[uint64]int{}}
+	d := &dirSyncer{dir: dir, fd: -1, errs: map[uint64]error{}, waiting: map[uint64]int{}}
+	d.fsync = d.syncOpen
 	d.cond = sync.NewCond(&d.mu)
 	return d
 }
 
-// sync returns once an fsync of the directory that began after the call
-// has finished, with its error.
-func (d *dirSyncer) sync() error {
+// syncOpen fsyncs the directory through the descriptor it keeps open,
+// opening it first if needed. After a failure the descriptor is closed, so
+// that the next round starts from a fresh open. Only the running round
+// calls it.
+func (d *dirSyncer) syncOpen() error {
+	if d.fd < 0 {
+		fd, err := openNoEINTR(d.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", d.dir, err)
+		}
+		d.fd = fd
+	}
+	if err := fsyncFD(d.fd); err != nil {
+		d.closeFD()
+		return fmt.Errorf("fsync %s: %w", d.dir, err)
+	}
+	return nil
+}
+
+// close releases the directory's descriptor, once the running round (if
+// any) has finished with it.
+func (d *dirSyncer) close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	// The round that serves this caller: the next one to start.
-	want := d.started + 1
+	for d.running {
+		d.cond.Wait()
+	}
+	d.closeFD()
+}
+
+func (d *dirSyncer) closeFD() {
+	if d.fd >= 0 {
+		_ = unix.Close(d.fd)
+		d.fd = -1
+	}
+}
+
+// fsyncFD fsyncs the open file fd, again when a signal interrupts it.
+func fsyncFD(fd int) error {
+	for {
+		err := unix.Fsync(fd)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// sync returns once an fsync of the directory that began after the call
+// has finished, with its error.
+func (d *dirSyncer) sync() error { return d.await(0) }
+
+// syncThrough returns once round t (a ticket) or a later one has
+// succeeded, starting it if it has not begun, or once one has failed.
+func (d *dirSyncer) syncThrough(t uint64) error { return d.await(t) }
+
+// await waits for round want (0: the next one to begin) to finish, and
+// returns its error.
+func (d *dirSyncer) await(want uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case want == 0 || (d.done >= want && d.good < want):
+		// The next round; also when round want has failed since.
+		want = d.started + 1
+	case d.good >= want:
+		return nil
+	}
 	d.waiting[want]++
 	for d.done < want {
+		// Rounds begin one at a time, and want was at most the next to
+		// begin when it was taken: the next to begin now is want.
 		if !d.running && d.started < want {
 			d.running = true
 			d.started = want
 			d.mu.Unlock()
-			err := d.fsync(d.dir)
+			err := d.fsync()
 			d.mu.Lock()
 			d.running = false
 			d.done = want
+			if err == nil {
+				d.good = want
+			}
 			d.errs[want] = err
 			d.cond.Broadcast()
 			break
@@ -57,4 +131,20 @@ func (d *dirSyncer) sync() error {
 		delete(d.errs, want)
 	}
 	return err
+}
+
+// ticket is the round that makes a change made now durable: the next one
+// to begin.
+func (d *dirSyncer) ticket() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.started + 1
+}
+
+// succeeded reports whether round t, or a later one, has succeeded: a
+// round makes durable every change made before it began.
+func (d *dirSyncer) succeeded(t uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.good >= t
 }

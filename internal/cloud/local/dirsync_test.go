@@ -13,14 +13,15 @@ import (
 // their change.
 func TestDirSyncerSharesTheNextFsync(t *testing.T) {
 	d := newDirSyncer(t.TempDir())
+	defer d.close()
 	entered, release := make(chan struct{}), make(chan struct{})
 	var rounds atomic.Int64
-	d.fsync = func(dir string) error {
+	d.fsync = func() error {
 		if rounds.Add(1) == 1 {
 			close(entered)
 			<-release
 		}
-		return syncDir(dir)
+		return d.syncOpen()
 	}
 	first := make(chan error)
 	go func() { first <- d.sync() }()

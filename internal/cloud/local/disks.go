@@ -17,13 +17,16 @@ import (
 
 // CreateDisk creates a disk; see cloud.Cloud. Under the lock of its name:
 // the name index is asked for the name (a disk of that name is the answer
-// to a repeated call); the new disk's id is entered under the name, the
-// image is made and fsynced, and only then is the record written: the disk
-// exists once its record does, and its name entry is durable before that,
-// so a crash can never leave a disk that a repeated call would not find. A
-// disk larger than the free space of the state directory is
-// ErrLimitReached (images are sparse, so disks created earlier may still
-// fill it later). A disk with a source is made by cloneLocked (clone.go).
+// to a repeated call); the new disk's record is written and fsynced,
+// entered under the name (durably), and only then linked into place: the
+// disk exists once its record does, and its name entry is durable before
+// that, so a crash can never leave a disk that a repeated call would not
+// find. The disk has no image yet: a disk that was never attached holds
+// only zeros, and its image is made by its first attach (ensureImage), as
+// a cloud allocates a volume's blocks when they are first written. A disk
+// larger than the free space of the state directory is ErrLimitReached
+// (images are sparse, so disks created earlier may still fill it later).
+// A disk with a source is made by cloneLocked (clone.go).
 func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Operation, error) {
 	size, err := roundSize(spec.SizeBytes)
 	if err != nil {
@@ -102,62 +105,57 @@ func (c *Cloud) byName(hash, name string) (cloud.Disk, bool, error) {
 	return d, true, nil
 }
 
-// freshID is a disk id nothing in the directory uses yet.
+// freshID is a disk id nothing in the directory uses yet: no record, and
+// no image left by a delete a kill cut short.
 func (s *state) freshID() diskID {
 	for {
 		id := newDiskID()
-		if _, err := os.Lstat(s.imagePath(id)); errors.Is(err, os.ErrNotExist) {
+		_, err := os.Lstat(s.imagePath(id))
+		if errors.Is(err, os.ErrNotExist) {
+			_, err = os.Lstat(s.recordPath(id))
+		}
+		if errors.Is(err, os.ErrNotExist) {
 			return id
 		}
 		// 64 random bits collided: pick again.
 	}
 }
 
-// createLocked makes disk d. Its record is written once, unnamed, and
-// fsynced, and linked into the name index (durably), while the image is
-// made; then the record is linked into place, which makes the disk exist. The caller
-// holds the locks of its name and its id.
+// createLocked makes disk d (placeRecord). The caller holds the locks of
+// its name and its id.
 func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
-	id := diskID(d.ID)
-	fail := func(what string, err error) (cloud.Operation, error) {
+	if what, err := c.s.placeRecord(hash, d); err != nil {
 		var op cloud.Operation
-		err = c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure(what, err))
+		err = c.recordedFailure(&op, cloud.OpCreate, diskID(d.ID), "", started, ioFailure(what, err))
 		return op, err
 	}
-	// The image is made while the record is written and named: their
-	// fsyncs are independent, and the device merges flushes that come
-	// together.
-	image := make(chan error, 1)
-	go func() { image <- c.s.createImage(id, d.SizeBytes) }()
-	record, err := c.s.newRecord(d)
-	if err == nil {
-		defer record.Close()
-		if err = c.s.name(hash, record); err != nil {
-			err = fmt.Errorf("index the disk's name: %w", err)
-		}
-	}
-	if err == nil {
-		c.s.hit(crash.LocalCreateNamed)
-	}
-	imageErr := <-image // never left running: the locks are released on return
+	return c.record(cloud.OpCreate, diskID(d.ID), "", started, &d, nil)
+}
+
+// placeRecord writes the record of new disk d whole and durably under a
+// temporary name (recordFile), enters it under its name in the name index
+// (durably), then renames it into place, which makes the disk exist. On
+// failure it says what failed and leaves no temporary name. The caller
+// holds the locks of the disk's name and its id.
+func (s *state) placeRecord(hash string, d cloud.Disk) (string, error) {
+	tmp, err := s.recordFile(d)
 	if err != nil {
-		if imageErr == nil {
-			_ = os.Remove(c.s.imagePath(id)) // made here, for this create alone
-		}
-		return fail("write disk record", err)
+		return "write disk record", err
 	}
-	if imageErr != nil {
-		return fail("create image", imageErr)
+	if err := s.name(hash, tmp); err != nil {
+		_ = os.Remove(tmp)
+		return "index the disk's name", err
 	}
-	c.s.hit(crash.LocalCreateImage)
-	if err := linkFile(record, c.s.recordPath(id)); err != nil {
-		return fail("write disk record", err)
+	s.hit(crash.LocalCreateNamed)
+	if err := renameNoReplace(tmp, s.recordPath(diskID(d.ID))); err != nil {
+		_ = os.Remove(tmp)
+		return "write disk record", err
 	}
-	if err := c.s.syncDir(c.s.disks); err != nil {
-		return fail("write disk record", err)
+	if err := s.syncDir(s.disks); err != nil {
+		return "write disk record", err
 	}
-	c.s.hit(crash.LocalCreateRecorded)
-	return c.record(cloud.OpCreate, id, "", started, &d, nil)
+	s.hit(crash.LocalCreateRecorded)
+	return "", nil
 }
 
 // recordedFailure records an operation that failed while running and makes
@@ -169,23 +167,42 @@ func (c *Cloud) recordedFailure(op *cloud.Operation, kind cloud.OpKind, id diskI
 	return err
 }
 
-// createImage makes a new sparse image of size bytes, whole or not at all
-// (createFile). Its size and its directory entry are metadata, made
-// durable with the record's, in the same directory: by the record's
-// directory fsync on a file system that orders its metadata, by an fsync
-// of the image before on any other (syncEarlier).
-func (s *state) createImage(id diskID, size int64) error {
-	return createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(size) }, !s.orderedMeta)
+// ensureImage makes the image of disk d, a sparse file of its size, if it
+// has none yet, whole or not at all (createFile), and makes its directory
+// entry durable before a later change is (syncEarlier): the caller then
+// records the disk attached, and an attached disk always has its image.
+// An image found in place is the disk's own (ids are never reused, and
+// Open removes images without a record); it may come from an attach that
+// a kill cut short before its entry was durable, so the entry is made
+// durable all the same. The caller holds the disk's lock.
+func (s *state) ensureImage(d cloud.Disk) error {
+	id := diskID(d.ID)
+	_, err := os.Lstat(s.imagePath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		// The image's size is metadata, made durable with its entry on a
+		// file system that orders its metadata, and by an fsync of the
+		// image before it is named on any other.
+		err = createFile(s.disks, string(id)+imageSuffix, func(f *os.File) error { return f.Truncate(d.SizeBytes) }, !s.orderedMeta)
+		if err == nil {
+			s.hit(crash.LocalAttachImage)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return s.syncEarlier(s.disks)
 }
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name
-// and its id, the record goes first (the disk no longer exists), then its
-// name entry and its image; a crash in between leaves an entry and an image
-// that the next create of the name, or Open, removes. A detached disk has
-// no loop device csid made (a detach releases it, under the same lock as
-// the node's binding); one bound by hand is not csid's to release, keeps
-// the deleted image's blocks until its owner releases it, and is shown by
-// csid check.
+// and its id, the record goes first, durably (the disk no longer exists),
+// then its name entry and its image (if it was ever attached); a crash in
+// between leaves an entry and an image that the next create of the name,
+// or Open, removes. The record file (and the name entry's, when the
+// record was replaced since) becomes a spare for a later create (spare.go).
+// A detached disk has no loop device csid made (a detach releases it,
+// under the same lock as the node's binding); one bound by hand is not
+// csid's to release, keeps the deleted image's blocks until its owner
+// releases it, and is shown by csid check.
 func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operation, error) {
 	id, ok := parseDiskID(diskIDStr)
 	if !ok {
@@ -214,7 +231,10 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 		if d.AttachedTo != "" {
 			return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
 		}
-		if err := os.Remove(c.s.recordPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// The record leaves its place for a temporary name, from which
+		// it becomes a spare.
+		retired := tempPath(c.s.disks, string(id)+recSuffix)
+		if err := os.Rename(c.s.recordPath(id), retired); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
 		}
 		if err := c.s.syncDir(c.s.disks); err != nil {
@@ -224,6 +244,7 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 		// The disk is gone with its record. What is left if these fail
 		// is found stale and removed later.
 		_ = c.s.unname(hash, id)
+		c.s.spares.retire(retired, true)
 		_ = os.Remove(c.s.imagePath(id))
 		op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
 		return err
@@ -242,10 +263,12 @@ func (c *Cloud) recordLocked(ctx context.Context, kind cloud.OpKind, id diskID, 
 	return op, err
 }
 
-// ResizeDisk grows a detached disk; see cloud.Cloud. The image grows
-// (sparse) and is fsynced before the record says so; a crash in between
-// leaves an image larger than its record, which is harmless (the loop
-// device is capped at the recorded size) and the retry completes.
+// ResizeDisk grows a detached disk; see cloud.Cloud. The image, if the disk
+// has one yet, grows (sparse) and is fsynced before the record says so; a
+// crash in between leaves an image larger than its record, which is
+// harmless (the loop device is capped at the recorded size) and the retry
+// completes. A disk never attached has no image: its record alone grows,
+// and its first attach makes the image of the new size.
 func (c *Cloud) ResizeDisk(ctx context.Context, diskIDStr string, sizeBytes int64) (cloud.Operation, error) {
 	id, ok := parseDiskID(diskIDStr)
 	if !ok {
@@ -328,9 +351,13 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskIDStr string, tags map[s
 	return op, err
 }
 
-// growImage extends an image to size bytes (never shrinks it) and fsyncs it.
+// growImage extends an image to size bytes (never shrinks it) and fsyncs
+// it. A disk without an image (never attached) has nothing to grow.
 func growImage(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func (s *state) collectGarbage() error {
 // after the file it is replacing; the key lock of that file's owner is
 // the one its writer holds.
 func (s *state) collectTemporary() error {
-	for _, dir := range []string{s.dir, s.disks, s.ops} {
+	for _, dir := range []string{s.dir, s.disks, s.ops, s.frozen()} {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			return err
@@ -62,7 +62,9 @@ func (s *state) collectTemporary() error {
 // record of layout 1, or a stranger: removed without a lock).
 func (s *state) tmpKey(dir, rest string) string {
 	switch dir {
-	case s.disks:
+	case s.disks, s.frozen():
+		// A disk's record or image; a freeze record, written under the
+		// lock of the disk it froze.
 		for _, suffix := range []string{recSuffix, imageSuffix} {
 			if i := strings.Index(rest, suffix+"-"); i > 0 {
 				if id, ok := parseDiskID(rest[:i]); ok {

@@ -139,6 +139,13 @@ func TestStaleDevicesAreReplaced(t *testing.T) {
 	if err := c.RegisterNode(context.Background(), cloud.Node{ID: "node-a"}); err != nil {
 		t.Fatal(err)
 	}
+	// Its first attach makes its image.
+	if _, err := c.AttachDisk(context.Background(), d.ID, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DetachDisk(context.Background(), d.ID, "node-a"); err != nil {
+		t.Fatal(err)
+	}
 	leak := func() loopdev.Device {
 		t.Helper()
 		img, err := os.OpenFile(c.s.imagePath(diskID(d.ID)), os.O_RDWR, 0)

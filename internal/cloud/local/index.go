@@ -6,9 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -63,44 +63,73 @@ func (s *state) named(hash string) (diskID, bool, error) {
 	return id, true, nil
 }
 
-// readRegular reads the regular file at path, never through a link.
+// readRegular reads the regular file at path, never through a link, in as
+// few system calls as it takes (open, fstat, read until the end, close):
+// records and name entries are read on every change, and os.ReadFile's
+// bookkeeping for pollable files costs five more calls than the read.
 func readRegular(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := openNoEINTR(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
-	if !fi.Mode().IsRegular() {
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
-	return io.ReadAll(f)
+	// One byte more than the size, to see the end in the first read.
+	buf := make([]byte, 0, max(st.Size, 0)+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, len(buf))
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		case n == 0:
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
 }
 
-// name links the new disk's record file, still unnamed, under hash in the
-// name index, durable before the record is (syncEarlier). The caller holds the name's lock and has removed
+// openNoEINTR opens path, again when a signal interrupts the call.
+func openNoEINTR(path string, flags int) (int, error) {
+	for {
+		fd, err := unix.Open(path, flags, 0)
+		if !errors.Is(err, unix.EINTR) {
+			return fd, err
+		}
+	}
+}
+
+// name links the new disk's record, written whole at path (a temporary
+// name), under hash in the name index, durable before the record is in
+// place (syncEarlier). The caller holds the name's lock and has removed
 // any stale entry.
-func (s *state) name(hash string, record *os.File) error {
-	if err := linkFile(record, s.namePath(hash)); err != nil {
+func (s *state) name(hash, path string) error {
+	if err := os.Link(path, s.namePath(hash)); err != nil {
 		return err
 	}
 	return s.syncEarlier(s.names)
 }
 
-// unname removes the entry of hash if it points to id. The caller holds
-// the name's lock. It is not made durable: an entry that comes back after
-// a power loss is stale, and treated so.
+// unname removes the entry of hash if it points to id; its file becomes a
+// spare once it is no record either (spare.go). The caller holds the
+// name's lock. The removal is not made durable: an entry that comes back
+// after a crash of the machine is stale, and treated so.
 func (s *state) unname(hash string, id diskID) error {
 	got, ok, err := s.named(hash)
 	if err != nil || !ok || got != id {
 		return err
 	}
-	if err := os.Remove(s.namePath(hash)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
+	s.spares.retire(s.namePath(hash), true)
 	return nil
 }
 
@@ -123,12 +152,20 @@ func (s *state) attachments(hash string) ([]diskID, error) {
 }
 
 // indexAttachment enters disk id under node hash, durable before the
-// record says attached (syncEarlier). The caller
-// holds the disk's lock.
+// record says attached (syncEarlier). A new directory and a new entry are
+// new inodes, each written (fsynced) before a directory entry names it,
+// on a file system that does not order its metadata: there, a name that
+// reached the device before its inode is removed by e2fsck after a crash
+// of the machine. The caller holds the disk's lock.
 func (s *state) indexAttachment(hash string, id diskID) error {
 	dir := s.nodeDir(hash)
 	switch err := os.Mkdir(dir, 0o700); {
 	case err == nil:
+		if !s.orderedMeta {
+			if err := syncDir(dir); err != nil {
+				return err
+			}
+		}
 		if err := s.syncEarlier(s.attached); err != nil {
 			return err
 		}
@@ -139,7 +176,10 @@ func (s *state) indexAttachment(hash string, id diskID) error {
 	if err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
+	if !s.orderedMeta {
+		err = f.Sync()
+	}
+	if err := errors.Join(err, f.Close()); err != nil {
 		return err
 	}
 	return s.syncEarlier(dir)

@@ -1,8 +1,9 @@
 // Package local is csid's embedded provider: block storage on one Linux
 // machine with nothing else installed. A disk is a sparse file under the
-// state directory; attaching it to a node records the attachment, and the
-// node (Host) materialises it as a loop device, found again by its backing
-// file after a restart. Like the offline-only clouds csid is built for, a
+// state directory, made by the disk's first attach (until then the disk is
+// zeros, and only its record exists); attaching it to a node records the
+// attachment, and the node (Host) materialises it as a loop device, found
+// again by its backing file after a restart. Like the offline-only clouds csid is built for, a
 // disk grows only while detached.
 //
 // Two processes use one state directory at once (a controller and a node
@@ -10,11 +11,11 @@
 // locks on <state>/lock, one per thing changed (a disk, a name, a node's
 // attachments: see locks.go), so that independent disks never wait on each
 // other. Every file that must survive a crash of the machine is written
-// crash-safely (a new one made unnamed, fsynced and linked; a replacement
-// through a temporary file, fsync and rename; then an fsync of the
-// directory), and a disk exists only once its record is in place: a crash never leaves a
+// crash-safely (whole under a temporary name, fsynced, then linked or
+// renamed into place and its directory fsynced: newfile.go), and a disk
+// exists only once its record is in place: a crash never leaves a
 // half-created disk that looks whole, and Open removes what a crash left
-// behind. Two indexes (index.go) find a disk by name and count a node's
+// behind. Record files are recycled rather than freed (spare.go). Two indexes (index.go) find a disk by name and count a node's
 // disks without reading every record, so an operation costs the same with
 // ten disks or ten thousand.
 //
@@ -154,6 +155,9 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 		if err != nil {
 			err = fmt.Errorf("clean up after a crash: %w", err)
 		}
+	}
+	if err == nil {
+		err = s.loadSpares()
 	}
 	if err == nil {
 		err = s.pruneOps(opts.now(), opts.OpKeep, opts.OpRetention)

@@ -84,10 +84,8 @@ var _ cloud.Snapshotter = (*Cloud)(nil)
 // state directory's file system clones files (reflink). The caller is
 // Open.
 func (c *Cloud) openSnapshots() error {
-	for _, dir := range []string{c.s.snapshots(), c.s.snapNames(), c.s.frozen()} {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
-		}
+	if err := c.s.mkdirsDurable(c.s.snapshots(), c.s.snapNames(), c.s.frozen()); err != nil {
+		return err
 	}
 	var err error
 	c.reflink, err = reflinks(c.s.disks, c.s.snapshots())

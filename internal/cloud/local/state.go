@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -27,7 +28,8 @@ import (
 //	format                  "csid-local 2": the layout version
 //	lock                    the lock file (see locks.go)
 //	nodes.json              registered nodes
-//	disks/<id>.img          disk image, a sparse file
+//	disks/<id>.img          disk image, a sparse file, made by the disk's
+//	                        first attach (a disk never attached is zeros)
 //	disks/<id>.json         disk record; the disk exists iff this file does
 //	names/<name hash>       the name index: a hard link to the first record
 //	                        of the disk of that name (index.go)
@@ -38,8 +40,10 @@ import (
 //	snapshots/, snapnames/, frozen/
 //	                        snapshots, their name index, and freezes in
 //	                        progress (snapshot.go)
-//	.tmp-<name>-*           a replacement of <name> in progress, in its
-//	                        directory (new files are made unnamed, newfile.go)
+//	spare/<random>          spare record files, rewritten for new records
+//	                        (spare.go)
+//	.tmp-<name>-*           a new <name> or its replacement in progress, in
+//	                        its directory (newfile.go)
 //
 // Layout 1 had no indexes: every create read every record to find a name.
 // Open migrates it (see migrate).
@@ -118,6 +122,7 @@ type state struct {
 	names    string
 	attached string
 	ops      string
+	spares   *spares
 	lockF    *os.File
 	locks    *locks
 	oplog    *opLog // nil when only reading (Inspector)
@@ -147,10 +152,8 @@ func openState(dir string) (*state, error) {
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
 	s := newState(abs)
-	for _, d := range []string{s.disks, s.names, s.attached, s.ops} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("local cloud: %w", err)
-		}
+	if err := s.makeDirs(); err != nil {
+		return nil, fmt.Errorf("local cloud: %w", err)
 	}
 	s.lockF, err = os.OpenFile(filepath.Join(abs, lockFile), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -162,19 +165,60 @@ func openState(dir string) (*state, error) {
 		s.lockF.Close()
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
+	s.spares.ordered = s.orderedMeta
 	return s, nil
+}
+
+// makeDirs makes the state directory's subdirectories (mkdirsDurable).
+func (s *state) makeDirs() error {
+	return s.mkdirsDurable(s.disks, s.names, s.attached, s.ops, s.spares.dir)
+}
+
+// mkdirsDurable makes the missing ones of dirs, subdirectories of the
+// state directory, durably: a new directory's own entries ("." and "..")
+// and its entry in the state directory are fsynced, and the state
+// directory's in its parent, so that a crash of the machine cannot take a
+// directory away from under the files made in it.
+func (s *state) mkdirsDurable(dirs ...string) error {
+	made := false
+	for _, d := range dirs {
+		err := os.Mkdir(d, 0o700)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err == nil {
+			err = syncDir(d)
+		}
+		if err != nil {
+			return err
+		}
+		made = true
+	}
+	if !made {
+		return nil
+	}
+	if err := syncDir(s.dir); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(s.dir))
 }
 
 // newState is the state directory at abs (absolute, symlinks resolved). It
 // opens and creates nothing.
 func newState(abs string) *state {
-	return &state{
+	s := &state{
 		dir:      abs,
 		disks:    filepath.Join(abs, disksDir),
 		names:    filepath.Join(abs, namesDir),
 		attached: filepath.Join(abs, attachedDir),
 		ops:      filepath.Join(abs, opsDir),
 	}
+	s.spares = &spares{
+		dir:   filepath.Join(abs, spareDir),
+		names: func() *dirSyncer { return s.syncer(s.names) },
+		disks: func() *dirSyncer { return s.syncer(s.disks) },
+	}
+	return s
 }
 
 // close releases the directory: closing the lock file drops the layout
@@ -184,6 +228,12 @@ func (s *state) close() error {
 	if s.oplog != nil {
 		err = s.oplog.close()
 	}
+	s.syncersMu.Lock()
+	for _, d := range s.syncers {
+		d.close()
+	}
+	s.syncers = nil
+	s.syncersMu.Unlock()
 	return errors.Join(err, s.lockF.Close())
 }
 
@@ -331,7 +381,7 @@ type diskRecord struct {
 
 // readDisk reads a disk record; a missing one is ErrNotFound.
 func (s *state) readDisk(id diskID) (cloud.Disk, error) {
-	raw, err := os.ReadFile(s.recordPath(id))
+	raw, err := readRegular(s.recordPath(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return cloud.Disk{}, fmt.Errorf("disk %s: %w", id, cloud.ErrNotFound)
 	}
@@ -348,10 +398,60 @@ func (s *state) readDisk(id diskID) (cloud.Disk, error) {
 	return rec.Disk, nil
 }
 
-// newRecord writes the record of a new disk into an unnamed file
-// (openUnnamed), fsynced, for linkFile to name.
-func (s *state) newRecord(d cloud.Disk) (*os.File, error) {
-	return newRecordFile(s.disks, diskRecord{Version: recordVersion, Disk: d})
+// recordFile writes the record of disk d into a file under a temporary
+// name in the disks directory (tempPath), durably, and returns that name:
+// a spare rewritten in place and fdatasynced, or, when there is none to
+// take, a new file fsynced (spare.go).
+func (s *state) recordFile(d cloud.Disk) (string, error) {
+	raw, err := json.Marshal(diskRecord{Version: recordVersion, Disk: d})
+	if err != nil {
+		return "", err
+	}
+	tmp := tempPath(s.disks, d.ID+recSuffix)
+	fd, size, err := s.spares.take(tmp)
+	if err != nil {
+		return "", err
+	}
+	reused := fd >= 0
+	if !reused {
+		if fd, err = unix.Open(tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600); err != nil {
+			return "", &os.PathError{Op: "open", Path: tmp, Err: err}
+		}
+	}
+	err = writeAll(fd, raw)
+	if err == nil && size > int64(len(raw)) {
+		err = unix.Ftruncate(fd, int64(len(raw)))
+	}
+	if err == nil && reused {
+		// The spare's inode and blocks are on the device: its new
+		// content and size are all there is to make durable.
+		err = unix.Fdatasync(fd)
+	} else if err == nil {
+		err = unix.Fsync(fd)
+	}
+	if err = errors.Join(err, unix.Close(fd)); err != nil {
+		_ = os.Remove(tmp)
+		return "", &os.PathError{Op: "write", Path: tmp, Err: err}
+	}
+	return tmp, nil
+}
+
+// writeAll writes b at the start of the open file fd.
+func writeAll(fd int, b []byte) error {
+	for off := 0; off < len(b); {
+		n, err := unix.Pwrite(fd, b[off:], int64(off))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		off += n
+	}
+	return nil
 }
 
 // readExisting reads the record of a disk a change is about: a missing one
@@ -364,16 +464,36 @@ func (s *state) readExisting(id diskID) (cloud.Disk, error) {
 	return d, err
 }
 
-// writeDisk replaces a disk record atomically and durably.
+// writeDisk replaces a disk record atomically and durably: the new record
+// is written whole (recordFile) and renamed over the old one, which
+// becomes a spare once no longer in place (unless it is the disk's name
+// entry too). The caller holds the disk's lock.
 func (s *state) writeDisk(d cloud.Disk) error {
-	raw, err := json.Marshal(diskRecord{Version: recordVersion, Disk: d})
+	tmp, err := s.recordFile(d)
 	if err != nil {
 		return err
 	}
-	if err := replaceFile(s.disks, d.ID+recSuffix, raw); err != nil {
+	path := s.recordPath(diskID(d.ID))
+	// Keep the old record's inode under a temporary name, to be retired
+	// once replaced.
+	old := tempPath(s.disks, d.ID+recSuffix)
+	if err := os.Link(path, old); err != nil {
+		old = ""
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		if old != "" {
+			_ = os.Remove(old)
+		}
 		return err
 	}
-	return s.syncDir(s.disks)
+	if err := s.syncDir(s.disks); err != nil {
+		return err // the old record's name may come back: it is no spare
+	}
+	if old != "" {
+		s.spares.retire(old, false)
+	}
+	return nil
 }
 
 // diskIDs lists the ids of the disks that exist (have a record), sorted.
@@ -590,7 +710,13 @@ func (s *state) syncEarlier(dir string) error {
 // syncDir makes the entries of dir durable, sharing the fsync with the
 // other operations that need one of dir at the same time (dirSyncer).
 func (s *state) syncDir(dir string) error {
+	return s.syncer(dir).sync()
+}
+
+// syncer is the dirSyncer of dir.
+func (s *state) syncer(dir string) *dirSyncer {
 	s.syncersMu.Lock()
+	defer s.syncersMu.Unlock()
 	d := s.syncers[dir]
 	if d == nil {
 		if s.syncers == nil {
@@ -599,8 +725,7 @@ func (s *state) syncDir(dir string) error {
 		d = newDirSyncer(dir)
 		s.syncers[dir] = d
 	}
-	s.syncersMu.Unlock()
-	return d.sync()
+	return d
 }
 
 // ordersMetadata reports whether the file system of dir is one that
