@@ -7,14 +7,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/admin"
 	"github.com/csid-dev/csid/internal/app"
 	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/testutil"
+	"github.com/csid-dev/csid/internal/view"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -122,10 +125,11 @@ func TestSnapshotOfAVolumeWithAQueuedResize(t *testing.T) {
 // success for a delete, an empty list), and a foreign page token is
 // Aborted; nothing reaches the engine.
 func TestSnapshotRequestsAreCheckedFirst(t *testing.T) {
-	_, c := startBackend(t, "fake")
+	in, c := startBackend(t, "fake")
 	ctx := context.Background()
 	vc := apptest.MountCap("ext4")
 	vol := createVolume(t, c, "source", 64<<20, vc, nil).VolumeId
+	before := allOps(t, in.Dir)
 	for _, w := range []struct {
 		what string
 		err  error
@@ -158,6 +162,9 @@ func TestSnapshotRequestsAreCheckedFirst(t *testing.T) {
 			t.Errorf("list %v: %+v, want an empty list", req, list)
 		}
 	}
+	if after := allOps(t, in.Dir); len(after) != len(before) {
+		t.Errorf("the engine took ops for requests it should never have seen: %d ops before them, %d after: %+v", len(before), len(after), after)
+	}
 	caps := apptest.R(c.ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})).Must(t)
 	want := map[csi.ControllerServiceCapability_RPC_Type]bool{csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT: true,
 		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS: true, csi.ControllerServiceCapability_RPC_GET_SNAPSHOT: true,
@@ -171,6 +178,19 @@ func TestSnapshotRequestsAreCheckedFirst(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// allOps lists every op of the all-in-one csid in dir, whatever its
+// status, through its admin socket.
+func allOps(t *testing.T, dir string) []view.Op {
+	t.Helper()
+	c := admin.NewClient(app.AdminSocketPath(dir, driver.ModeAll), 5*time.Second)
+	defer c.Close()
+	list, err := c.Ops(context.Background(), view.OpFilter{Status: view.OpsAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Ops
+}
 
 // TestSnapshotsAreRebuiltFromTheCloud: a controller whose state file was
 // lost, started with --rebuild-from-cloud, rebuilds its snapshots from the

@@ -63,22 +63,30 @@ func buildCSID(t *testing.T, dir string, replace map[string]string) string {
 // has changed.
 func plantBug(t *testing.T) map[string]string {
 	t.Helper()
-	const rel = "internal/effects/controller.go"
+	return plant(t, "internal/effects/controller.go",
+		`d, err := startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.CreateDisk(ctx, spec) })`,
+		`spec.Name = fmt.Sprintf("%s-%d", spec.Name, time.Now().UnixNano())
+	op, err := e.c.CreateDisk(ctx, spec)
+	if err != nil {
+		return ops.Result{}, err
+	}
+	d, err := e.c.WaitOperation(ctx, op.ID)`)
+}
+
+// plant returns the source file rel (relative to the repository's root)
+// with its one occurrence of idempotent replaced by planted, and package
+// time imported beside fmt, as an overlay for buildCSID. It fails the test
+// if rel no longer has exactly one of each.
+func plant(t *testing.T, rel, idempotent, planted string) map[string]string {
+	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	raw, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", rel))
 	if err != nil {
 		t.Fatal(err)
 	}
-	const idempotent = `d, err := startOrResume(ctx, x, e.c, func() (cloud.Operation, error) { return e.c.CreateDisk(ctx, spec) })`
-	const planted = `spec.Name = fmt.Sprintf("%s-%d", spec.Name, time.Now().UnixNano())
-	op, err := e.c.CreateDisk(ctx, spec)
-	if err != nil {
-		return ops.Result{}, err
-	}
-	d, err := e.c.WaitOperation(ctx, op.ID)`
 	src := string(raw)
 	if strings.Count(src, idempotent) != 1 || strings.Count(src, "\n\t\"fmt\"\n") != 1 {
-		t.Fatalf("%s no longer has the create call (or the import) the planted bug replaces", rel)
+		t.Fatalf("%s no longer has the code (or the import) the planted bug replaces", rel)
 	}
 	src = strings.Replace(src, idempotent, planted, 1)
 	src = strings.Replace(src, "\n\t\"fmt\"\n", "\n\t\"fmt\"\n\t\"time\"\n", 1)
@@ -151,21 +159,9 @@ func TestDrillCatchesANonIdempotentExecutor(t *testing.T) {
 // changed.
 func plantSnapshotBug(t *testing.T) map[string]string {
 	t.Helper()
-	const rel = "internal/effects/snapshots.go"
-	_, file, _, _ := runtime.Caller(0)
-	raw, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", rel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const idempotent = `spec := cloud.SnapshotSpec{Name: s.ID, SourceDiskID: s.SourceDiskID, Tags: tags}`
-	const planted = `spec := cloud.SnapshotSpec{Name: fmt.Sprintf("%s-%d", s.ID, time.Now().UnixNano()), SourceDiskID: s.SourceDiskID, Tags: tags}`
-	src := string(raw)
-	if strings.Count(src, idempotent) != 1 || strings.Count(src, "\n\t\"fmt\"\n") != 1 {
-		t.Fatalf("%s no longer has the spec (or the import) the planted bug replaces", rel)
-	}
-	src = strings.Replace(src, idempotent, planted, 1)
-	src = strings.Replace(src, "\n\t\"fmt\"\n", "\n\t\"fmt\"\n\t\"time\"\n", 1)
-	return map[string]string{rel: src}
+	return plant(t, "internal/effects/snapshots.go",
+		`spec := cloud.SnapshotSpec{Name: s.ID, SourceDiskID: s.SourceDiskID, Tags: tags}`,
+		`spec := cloud.SnapshotSpec{Name: fmt.Sprintf("%s-%d", s.ID, time.Now().UnixNano()), SourceDiskID: s.SourceDiskID, Tags: tags}`)
 }
 
 // TestDrillCatchesANonIdempotentSnapshot builds csid with a snapshot
