@@ -45,6 +45,22 @@ func createTemp(path string) (*os.File, error) {
 // the content fill writes, fsynced when durable, whole or not at all.
 // Making its directory entry durable (an fsync of dir) is the caller's.
 func createFile(dir, name string, fill func(*os.File) error, durable bool) error {
+	return placeTemp(dir, name, fill, durable, renameNoReplace)
+}
+
+// replaceFile replaces dir/name (or makes it) with data, fsynced, such that
+// a crash leaves either the old file or the new one, never a mix. Making
+// the rename durable (an fsync of dir) is the caller's.
+func replaceFile(dir, name string, data []byte) error {
+	write := func(f *os.File) error { _, err := f.Write(data); return err }
+	return placeTemp(dir, name, write, true, os.Rename)
+}
+
+// placeTemp makes a file under a fresh temporary name in dir (tempPath)
+// with the content fill writes, fsynced when durable, and gives it the
+// name dir/name with place (renameNoReplace or os.Rename). On failure it
+// leaves no temporary name.
+func placeTemp(dir, name string, fill func(*os.File) error, durable bool, place func(from, to string) error) error {
 	tmp := tempPath(dir, name)
 	f, err := createTemp(tmp)
 	if err != nil {
@@ -55,7 +71,7 @@ func createFile(dir, name string, fill func(*os.File) error, durable bool) error
 		err = f.Sync()
 	}
 	if err = errors.Join(err, f.Close()); err == nil {
-		err = renameNoReplace(tmp, dirPath(dir, name))
+		err = place(tmp, dirPath(dir, name))
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
