@@ -31,7 +31,7 @@ func (s *state) collectGarbage() error {
 // after the file it is replacing; the key lock of that file's owner is
 // the one its writer holds.
 func (s *state) collectTemporary() error {
-	for _, dir := range []string{s.dir, s.disks, s.ops, s.frozen()} {
+	for _, dir := range []string{s.dir, s.disks, s.ops, s.frozen(), s.snapshots()} {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			return err
@@ -70,6 +70,13 @@ func (s *state) tmpKey(dir, rest string) string {
 				if id, ok := parseDiskID(rest[:i]); ok {
 					return diskKey(id)
 				}
+			}
+		}
+	case s.snapshots():
+		// A snapshot's record, written under the snapshot's lock.
+		if i := strings.Index(rest, recSuffix+"-"); i > 0 {
+			if id, ok := parseSnapID(rest[:i]); ok {
+				return snapKey(id)
 			}
 		}
 	case s.dir:
