@@ -130,13 +130,7 @@ func (s *state) collectImages() error {
 	return nil
 }
 
-func (s *state) noRecord(id diskID) (bool, error) {
-	_, err := os.Lstat(s.recordPath(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return true, nil
-	}
-	return false, err
-}
+func (s *state) noRecord(id diskID) (bool, error) { return noFile(s.recordPath(id)) }
 
 // collectNames removes name entries whose disk has no record. Every disk
 // has its entry, made before its record and removed after it, so there can
