@@ -5,11 +5,15 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/crash"
+	"github.com/csid-dev/csid/internal/loopdev"
+	"github.com/csid-dev/csid/internal/testutil"
 )
 
 // The crash test runs the test binary again as a child that performs one
@@ -27,7 +31,8 @@ type crashCase struct {
 	// setup prepares the directory (in the parent) and returns the disk the
 	// call works on ("" for a create).
 	setup func(t *testing.T, c *Cloud) string
-	// call is the interrupted call, run again by the parent.
+	// call is the interrupted call, run again by the parent; an operation
+	// without an id (a call that starts none) is not waited for.
 	call func(ctx context.Context, c *Cloud, disk string) (cloud.Operation, error)
 	// check verifies the state after the repeated call.
 	check func(t *testing.T, c *Cloud, disk string)
@@ -46,6 +51,20 @@ var crashCases = []crashCase{
 	{point: crash.LocalAttachRecorded, setup: detachedDisk, call: attachDisk, check: attachedDisk},
 	{point: crash.LocalDetachReleased, setup: attachedCrashDisk, call: detachDisk, check: detachedCheck},
 	{point: crash.LocalDetachRecorded, setup: attachedCrashDisk, call: detachDisk, check: detachedCheck},
+	{point: crash.LocalDeviceBound, setup: rootAttachedDisk, call: bindDevice, check: oneDevice, afterKill: oneDeviceLeft},
+}
+
+// Every crash point of the local backend is one of TestCrashPoints' cases.
+func TestCrashPointsCoverTheBackend(t *testing.T) {
+	cases := map[string]bool{}
+	for _, tc := range crashCases {
+		cases[tc.point] = true
+	}
+	for p := range crash.Points {
+		if strings.HasPrefix(p, "local.") && !cases[p] {
+			t.Errorf("crash point %s has no case in TestCrashPoints", p)
+		}
+	}
 }
 
 func TestCrashPoints(t *testing.T) {
@@ -76,8 +95,10 @@ func TestCrashPoints(t *testing.T) {
 			if err != nil {
 				t.Fatalf("repeating the call after the crash: %v", err)
 			}
-			if _, err := c.WaitOperation(context.Background(), op.ID); err != nil {
-				t.Fatalf("repeated operation: %v", err)
+			if op.ID != "" { // a call that starts no operation is not waited for
+				if _, err := c.WaitOperation(context.Background(), op.ID); err != nil {
+					t.Fatalf("repeated operation: %v", err)
+				}
 			}
 			tc.check(t, c, disk)
 		})
@@ -121,6 +142,51 @@ func attachedCrashDisk(t *testing.T, c *Cloud) string {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// rootAttachedDisk is attachedCrashDisk, for a call that binds a loop
+// device.
+func rootAttachedDisk(t *testing.T, c *Cloud) string {
+	testutil.RequireRoot(t)
+	return attachedCrashDisk(t, c)
+}
+
+// bindDevice binds the disk's image to a loop device (the first open of a
+// disk attached to the node); it starts no operation.
+func bindDevice(ctx context.Context, c *Cloud, disk string) (cloud.Operation, error) {
+	_, err := devicePath(ctx, c.Host("node-a"), disk)
+	return cloud.Operation{}, err
+}
+
+// oneDeviceLeft: the kill left the disk's image bound to a device, for the
+// repeated call to find rather than bind another.
+func oneDeviceLeft(t *testing.T, disk string) {
+	if n := devicesOfImage(t, disk); n != 1 {
+		t.Fatalf("killed once the device was bound, but %d devices back disk %s: the test proves nothing", n, disk)
+	}
+}
+
+func oneDevice(t *testing.T, _ *Cloud, disk string) {
+	if n := devicesOfImage(t, disk); n != 1 {
+		t.Fatalf("after the crash and the retry: %d devices back disk %s, want one", n, disk)
+	}
+}
+
+// devicesOfImage counts the loop devices bound to disk's image (disk ids
+// are random: no other test's image has its name).
+func devicesOfImage(t *testing.T, disk string) int {
+	t.Helper()
+	devs, err := loopdev.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range devs {
+		if filepath.Base(d.BackingFile) == disk+imageSuffix {
+			n++
+		}
+	}
+	return n
 }
 
 func createCrashDisk(ctx context.Context, c *Cloud, _ string) (cloud.Operation, error) {

@@ -236,8 +236,7 @@ func (s *state) writeFreeze(rec freezeRecord) error {
 	if err != nil {
 		return err
 	}
-	write := func(f *os.File) error { _, err := f.Write(raw); return err }
-	if err := createFile(s.frozen(), rec.DiskID+recSuffix, write, true); err != nil {
+	if err := createFile(s.frozen(), rec.DiskID+recSuffix, writeBytes(raw), true); err != nil {
 		return err
 	}
 	return s.syncDir(s.frozen())

@@ -31,7 +31,7 @@ func (s *state) collectGarbage() error {
 // after the file it is replacing; the key lock of that file's owner is
 // the one its writer holds.
 func (s *state) collectTemporary() error {
-	for _, dir := range []string{s.dir, s.disks, s.ops, s.frozen()} {
+	for _, dir := range []string{s.dir, s.disks, s.ops, s.frozen(), s.snapshots()} {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			return err
@@ -70,6 +70,13 @@ func (s *state) tmpKey(dir, rest string) string {
 				if id, ok := parseDiskID(rest[:i]); ok {
 					return diskKey(id)
 				}
+			}
+		}
+	case s.snapshots():
+		// A snapshot's record, written under the snapshot's lock.
+		if i := strings.Index(rest, recSuffix+"-"); i > 0 {
+			if id, ok := parseSnapID(rest[:i]); ok {
+				return snapKey(id)
 			}
 		}
 	case s.dir:
@@ -123,13 +130,7 @@ func (s *state) collectImages() error {
 	return nil
 }
 
-func (s *state) noRecord(id diskID) (bool, error) {
-	_, err := os.Lstat(s.recordPath(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return true, nil
-	}
-	return false, err
-}
+func (s *state) noRecord(id diskID) (bool, error) { return noFile(s.recordPath(id)) }
 
 // collectNames removes name entries whose disk has no record. Every disk
 // has its entry, made before its record and removed after it, so there can

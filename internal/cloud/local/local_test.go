@@ -422,11 +422,14 @@ func TestOpenCleansUpAfterACrash(t *testing.T) {
 	c.Close()
 
 	// What a crash can leave: a temporary image, a temporary record, a
-	// temporary freeze record, an image whose record was never written.
+	// temporary freeze record, a temporary snapshot record, an image whose
+	// record was never written.
 	orphan := filepath.Join(dir, disksDir, "disk-00000000000000aa"+imageSuffix)
 	freeze := filepath.Join(dir, frozenDir, tmpPrefix+"disk-00000000000000cc"+recSuffix+"-0123456789abcdef")
+	snap := filepath.Join(dir, snapshotsDir, tmpPrefix+"snap-00000000000000dd"+recSuffix+"-0123456789abcdef")
 	for _, path := range []string{
 		freeze,
+		snap,
 		filepath.Join(dir, disksDir, tmpPrefix+"disk-00000000000000bb-123"),
 		filepath.Join(dir, disksDir, tmpPrefix+"456"),
 		filepath.Join(dir, opsDir, tmpPrefix+"789"),
@@ -438,7 +441,7 @@ func TestOpenCleansUpAfterACrash(t *testing.T) {
 		}
 	}
 	c = open(t, dir, Options{})
-	for _, path := range []string{orphan, freeze} {
+	for _, path := range []string{orphan, freeze, snap} {
 		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("%s survived Open: %v", path, err)
 		}

@@ -45,22 +45,54 @@ func createTemp(path string) (*os.File, error) {
 // the content fill writes, fsynced when durable, whole or not at all.
 // Making its directory entry durable (an fsync of dir) is the caller's.
 func createFile(dir, name string, fill func(*os.File) error, durable bool) error {
+	return placeTemp(dir, name, fill, durable, renameNoReplace)
+}
+
+// replaceFile replaces dir/name (or makes it) with data, fsynced, such that
+// a crash leaves either the old file or the new one, never a mix. Making
+// the rename durable (an fsync of dir) is the caller's.
+func replaceFile(dir, name string, data []byte) error {
+	return placeTemp(dir, name, writeBytes(data), true, os.Rename)
+}
+
+// placeTemp makes dir/name with writeTemp and place (renameNoReplace or
+// os.Rename). On failure it leaves no temporary name.
+func placeTemp(dir, name string, fill func(*os.File) error, durable bool, place func(from, to string) error) error {
+	tmp, err := writeTemp(dir, name, fill, durable)
+	if err != nil {
+		return err
+	}
+	if err := place(tmp, dirPath(dir, name)); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// writeTemp makes a file under a fresh temporary name in dir for the file
+// to be named name (tempPath), with the content fill writes, fsynced when
+// durable, and returns that temporary name, for the caller to link or
+// rename into place. On failure it leaves nothing.
+func writeTemp(dir, name string, fill func(*os.File) error, durable bool) (string, error) {
 	tmp := tempPath(dir, name)
 	f, err := createTemp(tmp)
 	if err != nil {
-		return err
+		return "", err
 	}
 	err = fill(f)
 	if err == nil && durable {
 		err = f.Sync()
 	}
-	if err = errors.Join(err, f.Close()); err == nil {
-		err = renameNoReplace(tmp, dirPath(dir, name))
-	}
-	if err != nil {
+	if err = errors.Join(err, f.Close()); err != nil {
 		_ = os.Remove(tmp)
+		return "", err
 	}
-	return err
+	return tmp, nil
+}
+
+// writeBytes is a fill for writeTemp that writes b.
+func writeBytes(b []byte) func(*os.File) error {
+	return func(f *os.File) error { _, err := f.Write(b); return err }
 }
 
 // renameNoReplace renames from to to, both on one file system, unless to
@@ -85,8 +117,7 @@ func renameNoReplace(from, to string) error {
 }
 
 // openUnnamed opens a new unnamed file in dir (O_TMPFILE), for linkFile:
-// copies of images (snapshots and clones, copy.go) are made so, and their
-// records. The state directory's file system must support O_TMPFILE
+// copies of images (snapshots and clones, copy.go) are made so. The state directory's file system must support O_TMPFILE
 // (ext4, xfs, btrfs, tmpfs do); Open says so when it does not.
 func openUnnamed(dir string) (*os.File, error) {
 	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)

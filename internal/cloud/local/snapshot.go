@@ -33,8 +33,9 @@ import (
 //	                       (freeze.go)
 //
 // A snapshot is made whole before it exists: its image is copied into an
-// unnamed file, fsynced and linked; then its record is written unnamed,
-// linked into the name index, and linked into place. A kill at any point
+// unnamed file, fsynced and linked; then its record is written under a
+// temporary name (newfile.go), linked into the name index, and renamed
+// into place. A kill at any point
 // leaves an image or a name entry without a record, which Open removes,
 // and a repeated call finds the snapshot by its name once it exists.
 const (
@@ -175,25 +176,9 @@ func (c *Cloud) snapshotLocked(ctx context.Context, hash string, id snapID, src 
 		ID: string(id), Name: spec.Name, SourceDiskID: string(src), SizeBytes: d.SizeBytes,
 		StoredBytes: stored, Tags: maps.Clone(spec.Tags), CreatedAt: started.UTC(), Ready: true,
 	}
-	record, err := newRecordFile(c.s.snapshots(), snapshotRecord{Version: recordVersion, Snapshot: snap})
-	if err != nil {
-		return fail("write the snapshot's record", err)
+	if what, err := c.s.placeSnapshotRecord(hash, snap); err != nil {
+		return fail(what, err)
 	}
-	defer record.Close()
-	if err := linkFile(record, c.s.snapNamePath(hash)); err != nil {
-		return fail("index the snapshot's name", err)
-	}
-	if err := c.s.syncEarlier(c.s.snapNames()); err != nil {
-		return fail("index the snapshot's name", err)
-	}
-	c.s.hit(crash.LocalSnapshotNamed)
-	if err := linkFile(record, c.s.snapRecordPath(id)); err != nil {
-		return fail("write the snapshot's record", err)
-	}
-	if err := c.s.syncDir(c.s.snapshots()); err != nil {
-		return fail("write the snapshot's record", err)
-	}
-	c.s.hit(crash.LocalSnapshotRecorded)
 	return c.recordSnapshot(cloud.OpSnapshot, string(src), id, started, nil)
 }
 
@@ -427,26 +412,39 @@ func (s *state) unnameSnapshot(hash string, id snapID) error {
 	return nil
 }
 
-// newRecordFile writes rec as JSON into an unnamed file in dir
-// (openUnnamed), fsynced, for linkFile to name.
-func newRecordFile(dir string, rec any) (*os.File, error) {
-	raw, err := json.Marshal(rec)
+// placeSnapshotRecord writes the record of new snapshot snap whole and
+// durably under a temporary name (writeTemp), enters it under its name in
+// the name index (durably), then renames it into place, which makes the
+// snapshot exist: placeRecord's steps for a disk. On failure it says what
+// failed and leaves no temporary name. The caller holds the locks of the
+// snapshot's name and its id.
+func (s *state) placeSnapshotRecord(hash string, snap cloud.Snapshot) (string, error) {
+	raw, err := json.Marshal(snapshotRecord{Version: recordVersion, Snapshot: snap})
 	if err != nil {
-		return nil, err
+		return "write the snapshot's record", err
 	}
-	f, err := openUnnamed(dir)
+	tmp, err := writeTemp(s.snapshots(), snap.ID+recSuffix, writeBytes(raw), true)
 	if err != nil {
-		return nil, err
+		return "write the snapshot's record", err
 	}
-	if _, err := f.Write(raw); err != nil {
-		f.Close()
-		return nil, err
+	if err := os.Link(tmp, s.snapNamePath(hash)); err != nil {
+		_ = os.Remove(tmp)
+		return "index the snapshot's name", err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return nil, err
+	if err := s.syncEarlier(s.snapNames()); err != nil {
+		_ = os.Remove(tmp)
+		return "index the snapshot's name", err
 	}
-	return f, nil
+	s.hit(crash.LocalSnapshotNamed)
+	if err := renameNoReplace(tmp, s.snapRecordPath(snapID(snap.ID))); err != nil {
+		_ = os.Remove(tmp)
+		return "write the snapshot's record", err
+	}
+	if err := s.syncDir(s.snapshots()); err != nil {
+		return "write the snapshot's record", err
+	}
+	s.hit(crash.LocalSnapshotRecorded)
+	return "", nil
 }
 
 // collectSnapshots removes what a killed snapshot or snapshot delete can

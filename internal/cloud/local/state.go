@@ -660,33 +660,13 @@ func (s *state) freeBytes() (int64, error) {
 	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
-// writeFileAtomic replaces dir/name with data, durably: replaceFile, then
-// an fsync of dir.
+// writeFileAtomic replaces dir/name with data, durably: replaceFile
+// (newfile.go), then an fsync of dir.
 func writeFileAtomic(dir, name string, data []byte) error {
 	if err := replaceFile(dir, name, data); err != nil {
 		return err
 	}
 	return syncDir(dir)
-}
-
-// replaceFile replaces dir/name with data, such that a crash leaves either
-// the old file or the new one, never a mix: write a temporary file, fsync
-// it, rename it over the old one. Making the rename durable (an fsync of
-// dir) is the caller's.
-func replaceFile(dir, name string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, tmpPrefix+name+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename this finds nothing
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if err = errors.Join(err, tmp.Close()); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, name))
 }
 
 // syncEarlier makes the entries of dir durable before any later change is:
