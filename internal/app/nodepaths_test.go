@@ -2,13 +2,11 @@ package app_test
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -147,39 +145,11 @@ func symlink(t *testing.T, to, link string) {
 }
 
 // hostState describes the host as far as a test may look: every entry
-// under roots (its type; a file's content; a link's destination), and every
-// mount under dir (its filesystem, source and root, in stacking order).
+// under roots (testutil.Tree), and every mount under dir (its filesystem,
+// source and root, in stacking order).
 func hostState(t *testing.T, dir string, roots ...string) map[string]string {
 	t.Helper()
-	out := map[string]string{}
-	for _, root := range roots {
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			switch {
-			case d.Type()&fs.ModeSymlink != 0:
-				to, err := os.Readlink(p)
-				out[p] = "link to " + to
-				return err
-			case d.Type().IsRegular():
-				raw, err := os.ReadFile(p)
-				out[p] = fmt.Sprintf("file %q", raw)
-				if len(raw) > 64 {
-					out[p] = fmt.Sprintf("file of %d bytes, sha256 %x", len(raw), sha256.Sum256(raw))
-				}
-				return err
-			}
-			out[p] = d.Type().String()
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	out := testutil.Tree(t, roots...)
 	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		t.Fatal(err)
@@ -187,25 +157,6 @@ func hostState(t *testing.T, dir string, roots ...string) map[string]string {
 	for _, m := range mounts {
 		out["mount "+m.Mountpoint] += fmt.Sprintf("[%s %s %s]", m.FSType, m.Source, m.Root)
 	}
-	return out
-}
-
-// changes lists how after differs from before.
-func changes(before, after map[string]string) []string {
-	var out []string
-	for p, b := range before {
-		if a, ok := after[p]; !ok {
-			out = append(out, fmt.Sprintf("%s is gone (was %s)", p, b))
-		} else if a != b {
-			out = append(out, fmt.Sprintf("%s is %s (was %s)", p, a, b))
-		}
-	}
-	for p, a := range after {
-		if _, ok := before[p]; !ok {
-			out = append(out, fmt.Sprintf("%s appeared (%s)", p, a))
-		}
-	}
-	slices.Sort(out)
 	return out
 }
 
@@ -301,13 +252,13 @@ func TestNodeOpsUndoOnlyWhatTheyMade(t *testing.T) {
 			do, undo := c.call()
 			before := hostState(t, e.dir, e.kubelet)
 			wantStatus(t, c.name, do(), c.code, c.naming)
-			if d := changes(before, hostState(t, e.dir, e.kubelet)); len(d) > 0 {
+			if d := testutil.Changes(before, hostState(t, e.dir, e.kubelet)); len(d) > 0 {
 				t.Errorf("the refused call changed the host:\n%s", strings.Join(d, "\n"))
 			}
 			if err := undo(); err != nil {
 				t.Errorf("the negation of the refused call: %v", err)
 			}
-			if d := changes(before, hostState(t, e.dir, e.kubelet)); len(d) > 0 {
+			if d := testutil.Changes(before, hostState(t, e.dir, e.kubelet)); len(d) > 0 {
 				t.Errorf("the negation of the refused call changed the host:\n%s", strings.Join(d, "\n"))
 			}
 		})
@@ -328,7 +279,7 @@ func TestNodeOpsUndoOnlyWhatTheyMade(t *testing.T) {
 		if err := e.stage(id, staging, badOption, pub); status.Code(err) == codes.OK {
 			t.Fatalf("a stage with an option mount(8) refuses succeeded")
 		}
-		if d := changes(before, hostState(t, e.dir, e.kubelet)); len(d) > 0 {
+		if d := testutil.Changes(before, hostState(t, e.dir, e.kubelet)); len(d) > 0 {
 			t.Errorf("a failed stage (directory existed: %v) left the host changed:\n%s", existed, strings.Join(d, "\n"))
 		}
 	}
@@ -494,7 +445,7 @@ func TestNodePublishTargetRules(t *testing.T) {
 			if err := e.unpublish(id, c.target); err != nil {
 				t.Errorf("NodeUnpublish at %s: %v", c.name, err)
 			}
-			if d := changes(before, hostState(t, e.dir, e.kubelet)); len(d) > 0 {
+			if d := testutil.Changes(before, hostState(t, e.dir, e.kubelet)); len(d) > 0 {
 				t.Errorf("publish and unpublish at %s changed the host:\n%s", c.name, strings.Join(d, "\n"))
 			}
 		})

@@ -229,17 +229,23 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 
 // lookup reads a volume record; an unknown volume is NotFound.
 func (d *Driver) lookup(id string) (*store.Volume, error) {
-	if !knownVolumeID(id) {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	return lookupRecord("volume", id, knownVolumeID, d.cfg.Engine.Volume)
+}
+
+// lookupRecord reads the record of a kind ("volume", "snapshot") with get;
+// an id not of csid's shape (known) or without a record is NotFound.
+func lookupRecord[T any](kind, id string, known func(string) bool, get func(string) (*T, error)) (*T, error) {
+	if !known(id) {
+		return nil, status.Errorf(codes.NotFound, "%s %s does not exist", kind, id)
 	}
-	v, err := d.cfg.Engine.Volume(id)
+	r, err := get(id)
 	if err != nil {
 		return nil, err // an *ops.Error: DataLoss for a damaged record, else Internal
 	}
-	if v == nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "%s %s does not exist", kind, id)
 	}
-	return v, nil
+	return r, nil
 }
 
 // ListVolumes pages through the volumes in id order. A token is the id of

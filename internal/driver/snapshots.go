@@ -200,15 +200,5 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 
 // lookupSnapshot reads a snapshot record; an unknown snapshot is NotFound.
 func (d *Driver) lookupSnapshot(id string) (*store.Snapshot, error) {
-	if !knownSnapshotID(id) {
-		return nil, status.Errorf(codes.NotFound, "snapshot %s does not exist", id)
-	}
-	s, err := d.cfg.Engine.Snapshot(id)
-	if err != nil {
-		return nil, err // an *ops.Error: DataLoss for a damaged record
-	}
-	if s == nil {
-		return nil, status.Errorf(codes.NotFound, "snapshot %s does not exist", id)
-	}
-	return s, nil
+	return lookupRecord("snapshot", id, knownSnapshotID, d.cfg.Engine.Snapshot)
 }

@@ -88,7 +88,9 @@ func (c *Controller) Snapshots() bool {
 // cloud has forgotten is started again (every start is idempotent). An
 // operation the cloud reports already done is not recorded: that would cost
 // a commit for nothing, since after a crash the repeated call finds its work
-// done (the local backend's operations always are).
+// done (the local backend's operations always are). A snapshot's operation
+// is recorded with the snapshot it makes or deletes (cpCloudSnapshot), in
+// one commit.
 func startOrResume(ctx context.Context, x *ops.Exec, c cloud.Cloud, start func() (cloud.Operation, error)) (cloud.Disk, error) {
 	if id, ok := x.Checkpointed(cpCloudOp); ok {
 		d, err := c.WaitOperation(ctx, id)
@@ -102,7 +104,11 @@ func startOrResume(ctx context.Context, x *ops.Exec, c cloud.Cloud, start func()
 		return cloud.Disk{}, err
 	}
 	if !op.Done {
-		if err := x.Checkpoint(cpCloudOp, op.ID); err != nil {
+		cp := map[string]string{cpCloudOp: op.ID}
+		if op.SnapshotID != "" {
+			cp[cpCloudSnapshot] = op.SnapshotID
+		}
+		if err := x.CheckpointAll(cp); err != nil {
 			return cloud.Disk{}, err
 		}
 	}

@@ -2,10 +2,8 @@ package effects_test
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/fake"
@@ -13,7 +11,6 @@ import (
 	"github.com/csid-dev/csid/internal/fsm"
 	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/store"
-	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -28,29 +25,12 @@ func TestRefusedAttachGetsItsCode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := store.Open(filepath.Join(t.TempDir(), "csid.db"), store.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	eng := ops.New(ops.Config{Store: st, Executors: (&effects.Controller{Cloud: c}).Executors(), Log: zerolog.Nop(),
-		Retry: &ops.Backoff{Base: time.Millisecond, Cap: time.Millisecond, MaxAttempts: 2}})
+	k := newController(t, c)
 	ctx := context.Background()
-	if err := eng.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close(ctx) })
 
-	mountCap := store.Capability{AccessType: "mount", AccessMode: "SINGLE_NODE_WRITER"}
-	create := func(name string) store.Volume {
-		out, err := eng.Submit(ctx, ops.Request{Event: fsm.Create, Args: &ops.CreateArgs{Name: name, SizeBytes: 1 << 30, Capability: mountCap}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out.Volume
-	}
+	create := func(name string) store.Volume { return k.must(createReq(name, 1<<30, nil)).Volume }
 	publish := func(id, node string) error {
-		_, err := eng.Submit(ctx, ops.Request{VolumeID: id, Event: fsm.ControllerPublish,
+		_, err := k.submit(ctx, ops.Request{VolumeID: id, Event: fsm.ControllerPublish,
 			Args: &ops.ControllerPublishArgs{Node: node, Capability: mountCap}})
 		return err
 	}
@@ -59,7 +39,7 @@ func TestRefusedAttachGetsItsCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// node-1 holds its one disk.
-	err = publish(b.ID, "node-1")
+	err := publish(b.ID, "node-1")
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "node node-1 cannot take another disk") {
 		t.Errorf("attach beyond the node's limit: %v", err)
 	}

@@ -62,28 +62,19 @@ func diskSource(src *store.Source) *cloud.DiskSource {
 }
 
 // startOrResumeSnapshot is startOrResume for a snapshot's operation: it
-// also records (with the operation, in one commit) and returns the
-// provider's id of the snapshot the operation makes or deletes.
+// returns the provider's id of the snapshot the operation makes or
+// deletes, the one recorded with it when resumed.
 func startOrResumeSnapshot(ctx context.Context, x *ops.Exec, c cloud.Cloud, start func() (cloud.Operation, error)) (string, error) {
-	if id, ok := x.Checkpointed(cpCloudOp); ok {
-		snapID, _ := x.Checkpointed(cpCloudSnapshot)
-		_, err := c.WaitOperation(ctx, id)
-		if !errors.Is(err, cloud.ErrNotFound) || id == "" {
-			return snapID, err
-		}
-		x.Log.Info().Str("cloud_op", id).Msg("the cloud forgot the recorded operation; starting it again")
+	id, started := "", false
+	_, err := startOrResume(ctx, x, c, func() (cloud.Operation, error) {
+		op, err := start()
+		id, started = op.SnapshotID, true
+		return op, err
+	})
+	if !started {
+		id, _ = x.Checkpointed(cpCloudSnapshot)
 	}
-	op, err := start()
-	if err != nil {
-		return "", err
-	}
-	if !op.Done {
-		if err := x.CheckpointAll(map[string]string{cpCloudOp: op.ID, cpCloudSnapshot: op.SnapshotID}); err != nil {
-			return "", err
-		}
-	}
-	_, err = c.WaitOperation(ctx, op.ID)
-	return op.SnapshotID, err
+	return id, err
 }
 
 type snapshotCreateExec struct {
