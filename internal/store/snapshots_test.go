@@ -164,7 +164,15 @@ func TestSnapshotRecordsFollowTheirLifecycle(t *testing.T) {
 		}
 		return tx.ReconcileSnapshot(&Snapshot{ID: "vol-2", State: fsm.Ready}, fsm.Rebuild, fsm.NoGuard, "rebuilt", now)
 	}); err == nil || !strings.Contains(err.Error(), "taken") {
-		t.Errorf("a snapshot under a volume's id: %v", err)
+		t.Errorf("a snapshot rebuilt under a volume's id: %v", err)
+	}
+	if err := s.Update(func(tx *Tx) error {
+		if err := tx.Reconcile(&Volume{ID: "vol-2", State: fsm.Created}, fsm.Rebuild, fsm.Detached, "rebuilt", now); err != nil {
+			return err
+		}
+		return tx.AcceptSnapshot(&Snapshot{ID: "vol-2", State: fsm.Absent}, &Op{Event: fsm.SnapshotCreate, From: fsm.Absent, To: fsm.Ready})
+	}); err == nil || !strings.Contains(err.Error(), "taken") {
+		t.Errorf("a snapshot taken under a volume's id: %v", err)
 	}
 
 	// A snapshot_delete removes the record, the name and the notes.
