@@ -414,7 +414,7 @@ func checkInvariants(t testing.TB, h *harness) {
 			if last := &hist[len(hist)-1]; last.To != v.State {
 				t.Errorf("volume %s is %s but its history ends with %+v", v.ID, v.State, last)
 			}
-			checkHistoryChain(t, v, hist)
+			checkHistoryChain(t, "volume "+v.ID, v.Generation, v.State, hist)
 			if len(v.Targets) > 0 != (v.State == fsm.Published) {
 				t.Errorf("volume %s is %s with %d targets", v.ID, v.State, len(v.Targets))
 			}
@@ -426,37 +426,39 @@ func checkInvariants(t testing.TB, h *harness) {
 	}
 }
 
-// checkHistoryChain checks that a volume's history explains every change
-// of its state: each line carries the generation it left the volume at
-// (every change of state moves the generation on), the lines of one
-// generation agree on the state it stands for, each line starts from the
-// state of its own generation or the one before, and the latest generation
-// is the volume's, in its state. A state written without its history line
-// breaks the chain.
-func checkHistoryChain(t testing.TB, v *store.Volume, hist []store.HistoryEntry) {
+// checkHistoryChain checks that a record's history explains every change
+// of its state (what: "volume vol-...", "snapshot snap-..."; gen and
+// state: the record's): each line carries the generation it left the
+// record at (every change of state moves the generation on), the lines of
+// one generation agree on the state it stands for, each line starts from
+// the state of its own generation or the one before, and the latest
+// generation is the record's, in its state. A state written without its
+// history line breaks the chain.
+func checkHistoryChain(t testing.TB, what string, gen uint64, state fsm.State, hist []store.HistoryEntry) {
 	t.Helper()
 	at := map[uint64]fsm.State{} // generation -> the state it stands for
 	top := uint64(0)
 	for _, e := range hist {
 		if s, ok := at[e.Generation]; ok && s != e.To {
-			t.Errorf("volume %s: history lines of generation %d end in %s and %s", v.ID, e.Generation, s, e.To)
+			t.Errorf("%s: history lines of generation %d end in %s and %s", what, e.Generation, s, e.To)
 		}
 		at[e.Generation] = e.To
 		top = max(top, e.Generation)
 	}
 	for _, e := range hist {
 		if prev, ok := at[e.Generation-1]; ok && e.From != prev && e.From != e.To {
-			t.Errorf("volume %s: %+v starts from %s, but generation %d is %s", v.ID, e, e.From, e.Generation-1, prev)
+			t.Errorf("%s: %+v starts from %s, but generation %d is %s", what, e, e.From, e.Generation-1, prev)
 		}
 	}
-	if top != v.Generation || at[top] != v.State {
-		t.Errorf("volume %s is %s at generation %d, but its history ends at generation %d in %s", v.ID, v.State, v.Generation, top, at[top])
+	if top != gen || at[top] != state {
+		t.Errorf("%s is %s at generation %d, but its history ends at generation %d in %s", what, state, gen, top, at[top])
 	}
 }
 
 // checkSnapshots asserts the invariants of the snapshots: every snapshot
 // READY, cut at the provider, with a history of legal steps of the
-// snapshot lifecycle that ends in its state at its generation.
+// snapshot lifecycle that ends in its state at its generation and
+// explains every change of its state (checkHistoryChain).
 func checkSnapshots(t testing.TB, tx *store.Tx, histories map[string][]store.HistoryEntry) error {
 	t.Helper()
 	return tx.ForEachSnapshot("", func(s *store.Snapshot) bool {
@@ -479,6 +481,7 @@ func checkSnapshots(t testing.TB, tx *store.Tx, histories map[string][]store.His
 		if last := hist[len(hist)-1]; last.To != s.State || last.Generation != s.Generation {
 			t.Errorf("snapshot %s is %s at generation %d but its history ends with %+v", s.ID, s.State, s.Generation, last)
 		}
+		checkHistoryChain(t, "snapshot "+s.ID, s.Generation, s.State, hist)
 		return true
 	})
 }

@@ -107,11 +107,8 @@ func (p *planner) plan(req Request) (decision, error) {
 	}
 	var active *store.Op
 	if v != nil && v.ActiveOp != 0 {
-		if active, err = p.tx.Op(v.ActiveOp); err != nil {
+		if active, err = p.activeOp("volume "+v.ID, v.ActiveOp); err != nil {
 			return decision{}, err
-		}
-		if active == nil {
-			return decision{}, fmt.Errorf("volume %s names active op %d, which does not exist", v.ID, v.ActiveOp)
 		}
 	}
 	switch req.Event {
@@ -137,16 +134,36 @@ func (p *planner) plan(req Request) (decision, error) {
 	return decision{}, fmt.Errorf("ops: no rules for event %q", req.Event)
 }
 
+// activeOp reads the op in flight that the record of subject ("volume
+// vol-...", "snapshot snap-...") names; one that does not exist is an
+// error.
+func (p *planner) activeOp(subject string, seq uint64) (*store.Op, error) {
+	op, err := p.tx.Op(seq)
+	if err == nil && op == nil {
+		err = fmt.Errorf("%s names active op %d, which does not exist", subject, seq)
+	}
+	return op, err
+}
+
 // acceptStep accepts the request as a new op taking step (e, g) from the
 // volume's state.
 func (p *planner) acceptStep(v *store.Volume, e fsm.Event, g fsm.Guard, raw []byte, fp string) (decision, error) {
-	step, err := fsm.Next(v.State, e, g)
+	op, err := p.stepOp(fsm.Volumes, v.State, e, g, raw, fp)
 	if err != nil {
-		return decision{}, err // callers check legality first; this is a bug
+		return decision{}, err
 	}
-	op := &store.Op{Event: step.Event, Guard: step.Guard, From: step.From, To: step.To,
-		Args: raw, Fingerprint: fp, CreatedAt: p.now}
 	return decision{kind: accept, vol: v.Clone(), op: op}, nil
+}
+
+// stepOp is the op of a request taking step (e, g) of lifecycle l from
+// state s.
+func (p *planner) stepOp(l *fsm.Lifecycle, s fsm.State, e fsm.Event, g fsm.Guard, raw []byte, fp string) (*store.Op, error) {
+	step, err := l.Next(s, e, g)
+	if err != nil {
+		return nil, err // callers check legality first; this is a bug
+	}
+	return &store.Op{Event: step.Event, Guard: step.Guard, From: step.From, To: step.To,
+		Args: raw, Fingerprint: fp, CreatedAt: p.now}, nil
 }
 
 func rejectf(k Kind, format string, args ...any) (decision, error) {

@@ -66,13 +66,11 @@ func (p *planner) planSnapshotCreate(a *SnapshotCreateArgs, raw []byte, fp strin
 // failed create removes its record; kept for safety).
 func (p *planner) snapshotByName(s *store.Snapshot, a *SnapshotCreateArgs, fp string) (decision, bool, error) {
 	if s.ActiveOp != 0 {
-		active, err := p.tx.Op(s.ActiveOp)
+		active, err := p.activeOp("snapshot "+s.ID, s.ActiveOp)
 		if err != nil {
 			return decision{}, true, err
 		}
 		switch {
-		case active == nil:
-			return decision{}, true, fmt.Errorf("snapshot %s names active op %d, which does not exist", s.ID, s.ActiveOp)
 		case active.Event == fsm.SnapshotCreate && active.Fingerprint == fp:
 			return decision{kind: join, seq: active.Seq}, true, nil
 		case active.Event == fsm.SnapshotCreate:
@@ -122,12 +120,9 @@ func (p *planner) planSnapshotDelete(req Request, raw []byte, fp string) (decisi
 		return rejectf(Busy, "snapshot %s is being taken (operation %d); retry the delete once it has finished", s.ID, s.ActiveOp)
 	}
 	if s.ActiveOp != 0 {
-		active, err := p.tx.Op(s.ActiveOp)
+		active, err := p.activeOp("snapshot "+s.ID, s.ActiveOp)
 		if err != nil {
 			return decision{}, err
-		}
-		if active == nil {
-			return decision{}, fmt.Errorf("snapshot %s names active op %d, which does not exist", s.ID, s.ActiveOp)
 		}
 		return inFlight(active, fsm.SnapshotDelete, fp)
 	}
@@ -137,12 +132,10 @@ func (p *planner) planSnapshotDelete(req Request, raw []byte, fp string) (decisi
 // acceptSnapshotStep accepts the request as a new op taking event e from
 // the snapshot's state.
 func (p *planner) acceptSnapshotStep(s *store.Snapshot, e fsm.Event, raw []byte, fp string) (decision, error) {
-	step, err := fsm.Snapshots.Next(s.State, e, fsm.NoGuard)
+	op, err := p.stepOp(fsm.Snapshots, s.State, e, fsm.NoGuard, raw, fp)
 	if err != nil {
-		return decision{}, err // callers check legality first; this is a bug
+		return decision{}, err
 	}
-	op := &store.Op{Event: step.Event, Guard: step.Guard, From: step.From, To: step.To,
-		Args: raw, Fingerprint: fp, CreatedAt: p.now}
 	return decision{kind: accept, snap: s.Clone(), op: op}, nil
 }
 

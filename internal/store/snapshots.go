@@ -103,12 +103,7 @@ func (t *Tx) CountSnapshotsByState() (map[fsm.State]int, error) {
 	return out, err
 }
 
-func (t *Tx) putSnapshot(s *Snapshot) error {
-	if err := t.notTakenBy(bucketVolumes, s.ID); err != nil {
-		return err
-	}
-	return t.put(bucketSnapshots, []byte(s.ID), s)
-}
+func (t *Tx) putSnapshot(s *Snapshot) error { return t.put(bucketSnapshots, []byte(s.ID), s) }
 
 // AcceptSnapshot records a new op on snapshot s, as Accept does for a
 // volume: it assigns op.Seq, marks the op queued and active, and sets
@@ -129,6 +124,9 @@ func (t *Tx) AcceptSnapshot(s *Snapshot, op *Op) error {
 	if s.State != fsm.Absent {
 		return fmt.Errorf("store: a new record of snapshot %s in state %s: only a snapshot_create starts a record: %w",
 			s.ID, s.State, fsm.ErrIllegal)
+	}
+	if err := t.notTakenBy(bucketVolumes, s.ID); err != nil {
+		return err
 	}
 	if s.Name != "" {
 		if err := t.putRaw(bucketSnapNames, []byte(s.Name), []byte(s.ID)); err != nil {
@@ -183,13 +181,8 @@ func (t *Tx) FinishSnapshot(s *Snapshot, op *Op) error {
 // The change is recorded in the snapshot's history under e's name with
 // outcome. s must have no active op.
 func (t *Tx) ReconcileSnapshot(s *Snapshot, e fsm.Event, g fsm.Guard, outcome string, now time.Time) error {
-	if err := checkID(s.ID); err != nil {
+	if err := t.idle("snapshot", s.ID, s.ActiveOp); err != nil {
 		return err
-	}
-	if active, err := t.activeOf(s.ID); err != nil {
-		return err
-	} else if s.ActiveOp != 0 || active != 0 {
-		return fmt.Errorf("store: snapshot %s has an active op; it is left to the op", s.ID)
 	}
 	cur, err := t.Snapshot(s.ID)
 	if err != nil {
@@ -201,6 +194,11 @@ func (t *Tx) ReconcileSnapshot(s *Snapshot, e fsm.Event, g fsm.Guard, outcome st
 	}
 	if err := fsm.Snapshots.Check(from, e, g, s.State); err != nil {
 		return fmt.Errorf("store: snapshot %s: %w", s.ID, err)
+	}
+	if cur == nil {
+		if err := t.notTakenBy(bucketVolumes, s.ID); err != nil {
+			return err
+		}
 	}
 	s.Generation, s.UpdatedAt = gen+1, now
 	if s.CreatedAt.IsZero() {

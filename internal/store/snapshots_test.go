@@ -74,6 +74,13 @@ func TestSnapshotRecordsFollowTheirLifecycle(t *testing.T) {
 			op.Event, op.To, op.Status, sn.State = fsm.Create, fsm.Created, OpSucceeded, fsm.Created
 			return tx.FinishSnapshot(sn, op)
 		},
+		"a snapshot_delete finishing a snapshot that was never cut": func(tx *Tx) error {
+			sn, _ := tx.Snapshot("snap-1")
+			op, _ := tx.Op(sn.ActiveOp)
+			// A legal step of the table, but the stored snapshot is ABSENT.
+			op.Event, op.From, op.To, op.Status, sn.State = fsm.SnapshotDelete, fsm.Ready, fsm.Absent, OpSucceeded, fsm.Absent
+			return tx.FinishSnapshot(sn, op)
+		},
 		"a snapshot's op accepted on a volume": func(tx *Tx) error {
 			return tx.Accept(&Volume{ID: "vol-x", State: fsm.Absent}, &Op{Event: fsm.SnapshotCreate, From: fsm.Absent, To: fsm.Ready})
 		},
@@ -93,6 +100,31 @@ func TestSnapshotRecordsFollowTheirLifecycle(t *testing.T) {
 	for name, write := range refused {
 		if err := s.Update(write); !errors.Is(err, fsm.ErrIllegal) {
 			t.Errorf("%s: %v, want a refusal wrapping fsm.ErrIllegal", name, err)
+		}
+	}
+	// An op finishes only the record it was accepted on: the snapshot's
+	// op, rewritten as a volume's, would put its step in the volume's
+	// history.
+	crossed := map[string]func(tx *Tx) error{
+		"a snapshot finished with its op rewritten as a volume's": func(tx *Tx) error {
+			sn, _ := tx.Snapshot("snap-1")
+			op, _ := tx.Op(sn.ActiveOp)
+			op.SnapshotID, op.VolumeID, op.Status, sn.State = "", "vol-1", OpSucceeded, fsm.Ready
+			return tx.FinishSnapshot(sn, op)
+		},
+		"a volume finished with its op rewritten as a snapshot's": func(tx *Tx) error {
+			v := &Volume{ID: "vol-c", State: fsm.Absent}
+			op := &Op{Event: fsm.Create, From: fsm.Absent, To: fsm.Created}
+			if err := tx.Accept(v, op); err != nil {
+				return err
+			}
+			op.VolumeID, op.SnapshotID, op.Status, v.State = "", "snap-1", OpSucceeded, fsm.Created
+			return tx.Finish(v, op)
+		},
+	}
+	for name, write := range crossed {
+		if err := s.Update(write); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
 	}
 	// The op finishes READY; the history explains it.
@@ -132,7 +164,15 @@ func TestSnapshotRecordsFollowTheirLifecycle(t *testing.T) {
 		}
 		return tx.ReconcileSnapshot(&Snapshot{ID: "vol-2", State: fsm.Ready}, fsm.Rebuild, fsm.NoGuard, "rebuilt", now)
 	}); err == nil || !strings.Contains(err.Error(), "taken") {
-		t.Errorf("a snapshot under a volume's id: %v", err)
+		t.Errorf("a snapshot rebuilt under a volume's id: %v", err)
+	}
+	if err := s.Update(func(tx *Tx) error {
+		if err := tx.Reconcile(&Volume{ID: "vol-2", State: fsm.Created}, fsm.Rebuild, fsm.Detached, "rebuilt", now); err != nil {
+			return err
+		}
+		return tx.AcceptSnapshot(&Snapshot{ID: "vol-2", State: fsm.Absent}, &Op{Event: fsm.SnapshotCreate, From: fsm.Absent, To: fsm.Ready})
+	}); err == nil || !strings.Contains(err.Error(), "taken") {
+		t.Errorf("a snapshot taken under a volume's id: %v", err)
 	}
 
 	// A snapshot_delete removes the record, the name and the notes.

@@ -479,13 +479,8 @@ func (t *Tx) dropName(bucket []byte, name, id string) error {
 // the change is recorded in its history under e's name with outcome. v
 // must have no active op.
 func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now time.Time) error {
-	if err := checkID(v.ID); err != nil {
+	if err := t.idle("volume", v.ID, v.ActiveOp); err != nil {
 		return err
-	}
-	if active, err := t.activeOf(v.ID); err != nil {
-		return err
-	} else if v.ActiveOp != 0 || active != 0 {
-		return fmt.Errorf("store: volume %s has an active op; it is left to the op", v.ID)
 	}
 	cur, err := t.Volume(v.ID)
 	if err != nil {
@@ -528,6 +523,21 @@ func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now 
 	}
 	return t.AddNote(v.ID, HistoryEntry{Time: now, Event: e, Guard: g, From: from, To: v.State,
 		Generation: v.Generation, Outcome: outcome})
+}
+
+// idle checks the id of a volume or snapshot (kind) that is to be
+// reconciled, and that it has no op in flight (activeOp is what its
+// record says): a reconciliation is left to the op.
+func (t *Tx) idle(kind, id string, activeOp uint64) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if active, err := t.activeOf(id); err != nil {
+		return err
+	} else if activeOp != 0 || active != 0 {
+		return fmt.Errorf("store: %s %s has an active op; it is left to the op", kind, id)
+	}
+	return nil
 }
 
 func (t *Tx) remove(v *Volume) error {
