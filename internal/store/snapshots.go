@@ -181,7 +181,7 @@ func (t *Tx) FinishSnapshot(s *Snapshot, op *Op) error {
 // The change is recorded in the snapshot's history under e's name with
 // outcome. s must have no active op.
 func (t *Tx) ReconcileSnapshot(s *Snapshot, e fsm.Event, g fsm.Guard, outcome string, now time.Time) error {
-	if err := t.idle("snapshot", s.ID, s.ActiveOp); err != nil {
+	if err := t.idle("snapshot", s.ID, s.ActiveOp, e); err != nil {
 		return err
 	}
 	cur, err := t.Snapshot(s.ID)

@@ -96,6 +96,10 @@ func TestSnapshotRecordsFollowTheirLifecycle(t *testing.T) {
 		"a rebuild under a volume guard": func(tx *Tx) error {
 			return tx.ReconcileSnapshot(&Snapshot{ID: "snap-y", State: fsm.Ready}, fsm.Rebuild, fsm.Detached, "rebuilt", now)
 		},
+		"a reconciliation recorded under an op's event": func(tx *Tx) error {
+			// A step of the table (ABSENT -> READY), but no op cut it.
+			return tx.ReconcileSnapshot(&Snapshot{ID: "snap-z", State: fsm.Ready}, fsm.SnapshotCreate, fsm.NoGuard, "found", now)
+		},
 	}
 	for name, write := range refused {
 		if err := s.Update(write); !errors.Is(err, fsm.ErrIllegal) {

@@ -583,6 +583,13 @@ func TestStateWritesMustBeStepsOfTheTable(t *testing.T) {
 			v.State, v.Stage, v.Targets = fsm.NodeReady, nil, nil
 			return tx.Reconcile(v, fsm.NodePublish, fsm.NoGuard, "no longer mounted", now)
 		},
+		"a rollback recorded under the op's event whose step it is": func(tx *Tx) error {
+			// PUBLISHED -> VOL_READY is node_unpublish [last target]'s
+			// step, but no node_unpublish ran: the target vanished.
+			v := published.Clone()
+			v.State, v.Targets = fsm.VolReady, nil
+			return tx.Reconcile(v, fsm.NodeUnpublish, fsm.LastTarget, "no longer mounted", now)
+		},
 		"a rollback with the wrong guard": func(tx *Tx) error {
 			v := published.Clone()
 			v.State, v.Stage, v.Targets = fsm.NodeReady, nil, nil

@@ -479,7 +479,7 @@ func (t *Tx) dropName(bucket []byte, name, id string) error {
 // the change is recorded in its history under e's name with outcome. v
 // must have no active op.
 func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now time.Time) error {
-	if err := t.idle("volume", v.ID, v.ActiveOp); err != nil {
+	if err := t.idle("volume", v.ID, v.ActiveOp, e); err != nil {
 		return err
 	}
 	cur, err := t.Volume(v.ID)
@@ -528,9 +528,14 @@ func (t *Tx) Reconcile(v *Volume, e fsm.Event, g fsm.Guard, outcome string, now 
 // idle checks the id of a volume or snapshot (kind) that is to be
 // reconciled, and that it has no op in flight (activeOp is what its
 // record says): a reconciliation is left to the op.
-func (t *Tx) idle(kind, id string, activeOp uint64) error {
+func (t *Tx) idle(kind, id string, activeOp uint64, e fsm.Event) error {
 	if err := checkID(id); err != nil {
 		return err
+	}
+	if slices.Contains(fsm.AllOpEvents(), e) {
+		// An op's event is recorded by its op (Finish); a reconciliation
+		// records what csid found, under the event that says so.
+		return fmt.Errorf("store: %s %s: %s is an op's event, not a reconciliation's: %w", kind, id, e, fsm.ErrIllegal)
 	}
 	if active, err := t.activeOf(id); err != nil {
 		return err
