@@ -360,7 +360,6 @@ func (c *Cloud) begin(method string, kind cloud.OpKind, diskID, nodeID string) *
 	return call
 }
 
-// refuse ends a call that started no operation; the caller holds c.mu.
 // beginChange logs the call of a change to disk diskID and refuses it, as
 // logged, when a failure is set for its kind or the id is malformed. The
 // caller holds c.mu.
@@ -375,6 +374,7 @@ func (c *Cloud) beginChange(method string, kind cloud.OpKind, diskID, nodeID str
 	return call, nil
 }
 
+// refuse ends a call that started no operation; the caller holds c.mu.
 func (c *Cloud) refuse(call *Call, err error) error {
 	call.End = c.opts.Now()
 	call.Err = err
@@ -866,10 +866,10 @@ func (c *Cloud) Capacity(_ context.Context, zone string) (int64, error) {
 	return c.opts.CapacityBytes - c.used[z], nil
 }
 
-// Zones lists the provider's zones, the default first.
 // MaxDiskBytes is the largest disk; see cloud.Cloud.
 func (c *Cloud) MaxDiskBytes() int64 { return MaxDiskBytes }
 
+// Zones lists the provider's zones, the default first.
 func (c *Cloud) Zones() []string {
 	return slices.Clone(c.opts.Zones)
 }
