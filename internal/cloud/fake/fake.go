@@ -813,23 +813,12 @@ func (c *Cloud) ListDisks(_ context.Context, opts cloud.ListOptions) (cloud.Disk
 	if opts.PageToken != "" && !diskIDPattern.MatchString(opts.PageToken) {
 		return cloud.DiskPage{}, c.refuse(call, fmt.Errorf("page token %q: %w", opts.PageToken, cloud.ErrInvalid))
 	}
-	limit, err := pageSize(opts.MaxResults)
+	ids, next, err := listPage(c.disks, opts.PageToken, opts.MaxResults, func(d *disk) bool { return d.created })
 	if err != nil {
 		return cloud.DiskPage{}, c.refuse(call, err)
 	}
-	ids := make([]string, 0, len(c.disks))
-	for id, d := range c.disks {
-		if d.created && id > opts.PageToken {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	var page cloud.DiskPage
-	for i, id := range ids {
-		if i == limit {
-			page.NextToken = ids[i-1]
-			break
-		}
+	page := cloud.DiskPage{NextToken: next}
+	for _, id := range ids {
 		d := c.disks[id].d
 		d.Tags = maps.Clone(d.Tags)
 		page.Disks = append(page.Disks, d)
@@ -923,6 +912,26 @@ func checkSize(size int64) (int64, error) {
 		return 0, fmt.Errorf("size %d: must be between 1 and %d bytes: %w", size, int64(MaxDiskBytes), cloud.ErrInvalid)
 	}
 	return (size + Granularity - 1) / Granularity * Granularity, nil
+}
+
+// listPage selects the ids of m that keep accepts and that sort after
+// token, in order, and cuts a page of at most max of them (see pageSize);
+// next is the token of the page after it, "" on the last page.
+func listPage[T any](m map[string]T, token string, max int, keep func(T) bool) (ids []string, next string, err error) {
+	limit, err := pageSize(max)
+	if err != nil {
+		return nil, "", err
+	}
+	for id, v := range m {
+		if id > token && keep(v) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if len(ids) > limit {
+		return ids[:limit], ids[limit-1], nil
+	}
+	return ids, "", nil
 }
 
 func pageSize(n int) (int, error) {
