@@ -196,7 +196,7 @@ func (p printer) volumes(w io.Writer, l view.VolumeList) error {
 	}
 	tw := newTab(w)
 	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tSIZE\tNODE\tPENDING OP\tRESIZE\tLAST OP")
-	var damaged []view.Volume
+	var damaged []string
 	for _, v := range l.Volumes {
 		sz := "-"
 		if v.CapacityBytes > 0 {
@@ -208,7 +208,7 @@ func (p printer) volumes(w io.Writer, l view.VolumeList) error {
 			if v.State != "" {
 				state = fmt.Sprintf("DAMAGED (%s)", v.State)
 			}
-			damaged = append(damaged, v)
+			damaged = append(damaged, v.ID+": "+v.Damage)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.ID, dash(v.Name), state, sz, dash(v.Node),
 			p.pendingCell(v.PendingOp), resizeCell(v.Resize), lastCell(v.LastOp))
@@ -216,13 +216,20 @@ func (p printer) volumes(w io.Writer, l view.VolumeList) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(damaged) > 0 {
-		fmt.Fprintf(w, "\nDamaged records: csid does not act on these volumes (their RPCs answer DataLoss); csid check says what to do:\n")
-		for _, v := range damaged {
-			fmt.Fprintf(w, "  %s: %s\n", v.ID, v.Damage)
-		}
-	}
+	damagedRecords(w, "volumes", damaged)
 	return nil
+}
+
+// damagedRecords writes, below a list's table, the lines "id: damage" of
+// the damaged records (volumes or snapshots) it lists, if any.
+func damagedRecords(w io.Writer, what string, damaged []string) {
+	if len(damaged) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nDamaged records: csid does not act on these %s (their RPCs answer DataLoss); csid check says what to do:\n", what)
+	for _, d := range damaged {
+		fmt.Fprintf(w, "  %s\n", d)
+	}
 }
 
 // volume draws `csid inspect volume ID`: the record, the pending op, the
@@ -231,8 +238,7 @@ func (p printer) volume(w io.Writer, v view.Volume) error {
 	sh := sheet{newTab(w)}
 	sh.row("Volume:", "%s", v.ID)
 	if v.Damage != "" {
-		sh.row("DAMAGED:", "%s", v.Damage)
-		sh.more("csid does not act on this volume: its RPCs answer DataLoss; csid check says what to do")
+		sh.damaged("volume", v.Damage)
 		if v.State == "" {
 			return sh.tw.Flush() // its own record is unreadable: nothing more is known
 		}
@@ -253,6 +259,13 @@ func (s sheet) row(k, format string, a ...any) {
 	fmt.Fprintf(s.tw, "%s\t"+format+"\n", append([]any{k}, a...)...)
 }
 func (s sheet) more(format string, a ...any) { fmt.Fprintf(s.tw, "\t"+format+"\n", a...) }
+
+// damaged writes the damage of a record (of a volume or a snapshot) and
+// what it means.
+func (s sheet) damaged(what, damage string) {
+	s.row("DAMAGED:", "%s", damage)
+	s.more("csid does not act on this %s: its RPCs answer DataLoss; csid check says what to do", what)
+}
 
 // volumeRecord writes what a volume's record holds: name, state, disk,
 // size, access, where it is attached, staged and published, and when.
@@ -317,20 +330,7 @@ func (p printer) volumeRecord(sh sheet, v view.Volume) {
 // volumeOps writes the op in flight on a volume, its queued resize and its
 // last op.
 func (p printer) volumeOps(sh sheet, v view.Volume) {
-	if o := v.PendingOp; o != nil {
-		sh.row("Pending op:", "#%d %s %s -> %s, %s since %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.CreatedAt))
-		if o.Attempts > 0 {
-			sh.more("%d failed attempts; last error: %s", o.Attempts, o.LastError)
-		}
-		if !o.NextAttemptAt.IsZero() {
-			sh.more("next attempt at %s", p.stampAge(o.NextAttemptAt))
-		}
-		if len(o.Args) > 0 {
-			sh.more("arguments: %s", o.Args)
-		}
-	} else {
-		sh.row("Pending op:", "none")
-	}
+	p.pendingOp(sh, v.PendingOp)
 	if r := v.Resize; r != nil {
 		sh.row("Resize:", "%s to %s (now %s) since %s", r.Status, size(r.TargetBytes), size(r.CurrentBytes), p.stampAge(r.QueuedAt))
 		sh.more("%s", waitingFor(r))
@@ -345,11 +345,37 @@ func (p printer) volumeOps(sh sheet, v view.Volume) {
 	} else {
 		sh.row("Resize:", "none queued")
 	}
-	if o := v.LastOp; o != nil {
-		sh.row("Last op:", "#%d %s %s -> %s %s at %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.FinishedAt))
-		if o.Status == view.StatusFailed {
-			sh.more("%s: %s", o.Code, o.Message)
-		}
+	p.lastOp(sh, v.LastOp)
+}
+
+// pendingOp writes the op in flight on a volume or a snapshot: its
+// transition, its failed attempts, its next attempt and its arguments.
+func (p printer) pendingOp(sh sheet, o *view.Op) {
+	if o == nil {
+		sh.row("Pending op:", "none")
+		return
+	}
+	sh.row("Pending op:", "#%d %s %s -> %s, %s since %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.CreatedAt))
+	if o.Attempts > 0 {
+		sh.more("%d failed attempts; last error: %s", o.Attempts, o.LastError)
+	}
+	if !o.NextAttemptAt.IsZero() {
+		sh.more("next attempt at %s", p.stampAge(o.NextAttemptAt))
+	}
+	if len(o.Args) > 0 {
+		sh.more("arguments: %s", o.Args)
+	}
+}
+
+// lastOp writes the last finished op of a volume or a snapshot, with the
+// gRPC code and message of a failed one; nothing when there is none.
+func (p printer) lastOp(sh sheet, o *view.Op) {
+	if o == nil {
+		return
+	}
+	sh.row("Last op:", "#%d %s %s -> %s %s at %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.FinishedAt))
+	if o.Status == view.StatusFailed {
+		sh.more("%s: %s", o.Code, o.Message)
 	}
 }
 
@@ -445,12 +471,12 @@ func (p printer) snapshots(w io.Writer, l view.SnapshotList) error {
 	}
 	tw := newTab(w)
 	fmt.Fprintln(tw, "ID\tNAME\tSTATE\tSIZE\tSOURCE VOLUME\tCUT\tPENDING OP\tLAST OP")
-	var damaged []view.Snapshot
+	var damaged []string
 	for _, s := range l.Snapshots {
 		state, sz, cut := string(s.State), "-", "-"
 		if s.Damage != "" {
 			state = "DAMAGED"
-			damaged = append(damaged, s)
+			damaged = append(damaged, s.ID+": "+s.Damage)
 		}
 		if s.SizeBytes > 0 {
 			sz = size(s.SizeBytes)
@@ -464,12 +490,7 @@ func (p printer) snapshots(w io.Writer, l view.SnapshotList) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(damaged) > 0 {
-		fmt.Fprintf(w, "\nDamaged records: csid does not act on these snapshots (their RPCs answer DataLoss); csid check says what to do:\n")
-		for _, s := range damaged {
-			fmt.Fprintf(w, "  %s: %s\n", s.ID, s.Damage)
-		}
-	}
+	damagedRecords(w, "snapshots", damaged)
 	return nil
 }
 
@@ -479,8 +500,7 @@ func (p printer) snapshot(w io.Writer, s view.Snapshot) error {
 	sh := sheet{newTab(w)}
 	sh.row("Snapshot:", "%s", s.ID)
 	if s.Damage != "" {
-		sh.row("DAMAGED:", "%s", s.Damage)
-		sh.more("csid does not act on this snapshot: its RPCs answer DataLoss; csid check says what to do")
+		sh.damaged("snapshot", s.Damage)
 		if s.State == "" {
 			return sh.tw.Flush()
 		}
@@ -504,20 +524,8 @@ func (p printer) snapshot(w io.Writer, s view.Snapshot) error {
 	}
 	sh.row("Created:", "%s", p.stampAge(s.CreatedAt))
 	sh.row("Updated:", "%s", p.stampAge(s.UpdatedAt))
-	if o := s.PendingOp; o != nil {
-		sh.row("Pending op:", "#%d %s %s -> %s, %s since %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.CreatedAt))
-		if o.Attempts > 0 {
-			sh.more("%d failed attempts; last error: %s", o.Attempts, o.LastError)
-		}
-	} else {
-		sh.row("Pending op:", "none")
-	}
-	if o := s.LastOp; o != nil {
-		sh.row("Last op:", "#%d %s %s -> %s %s at %s", o.Seq, event(string(o.Event), string(o.Guard)), o.From, o.To, o.Status, p.stampAge(o.FinishedAt))
-		if o.Status == view.StatusFailed {
-			sh.more("%s: %s", o.Code, o.Message)
-		}
-	}
+	p.pendingOp(sh, s.PendingOp)
+	p.lastOp(sh, s.LastOp)
 	if err := sh.tw.Flush(); err != nil {
 		return err
 	}

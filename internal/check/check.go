@@ -152,8 +152,8 @@ type Input struct {
 	Unseen map[string]bool
 	// Notes are the gatherer's, reported first.
 	Notes []string
-	// Changing names volumes whose records changed while the inputs were
-	// gathered (see Changed).
+	// Changing names volumes and snapshots whose records changed while
+	// the inputs were gathered (see Changed).
 	Changing map[string]bool
 }
 
@@ -611,31 +611,31 @@ func pendingPaths(op *view.Op) []string {
 	return out
 }
 
-// Changed returns the volumes whose records differ between two readings of
-// the same stores (state, generation, op in flight, presence): their
-// disks, devices and mounts may have been read between two states.
+// Changed returns the volumes and snapshots whose records differ between
+// two readings of the same stores (state, generation, op in flight,
+// presence): their disks, devices, mounts and provider snapshots may have
+// been read between two states.
 func Changed(before, after []Store) map[string]bool {
 	type mark struct {
 		state fsm.State
 		gen   uint64
 		op    uint64
 	}
+	markOf := func(state fsm.State, gen uint64, pending *view.Op) mark {
+		m := mark{state: state, gen: gen}
+		if pending != nil {
+			m.op = pending.Seq
+		}
+		return m
+	}
 	read := func(stores []Store) map[string]mark {
 		out := map[string]mark{}
 		for _, s := range stores {
 			for _, v := range s.Volumes {
-				m := mark{state: v.State, gen: v.Generation}
-				if v.PendingOp != nil {
-					m.op = v.PendingOp.Seq
-				}
-				out[s.Name+"\x00"+v.ID] = m
+				out[s.Name+"\x00"+v.ID] = markOf(v.State, v.Generation, v.PendingOp)
 			}
 			for _, sn := range s.Snapshots {
-				m := mark{state: sn.State, gen: sn.Generation}
-				if sn.PendingOp != nil {
-					m.op = sn.PendingOp.Seq
-				}
-				out[s.Name+"\x00"+sn.ID] = m
+				out[s.Name+"\x00"+sn.ID] = markOf(sn.State, sn.Generation, sn.PendingOp)
 			}
 		}
 		return out

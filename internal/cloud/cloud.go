@@ -23,8 +23,8 @@
 // size" below means the same after rounding.
 //
 // Ids are the provider's: an id that is not of the provider's format is never
-// used to look anything up. Lookups (GetDisk, WaitOperation) report it as
-// ErrNotFound, mutations as ErrInvalid.
+// used to look anything up. Lookups (GetDisk, GetSnapshot, WaitOperation)
+// report it as ErrNotFound, mutations as ErrInvalid.
 package cloud
 
 import (
@@ -37,9 +37,11 @@ import (
 // Typed errors. Implementations wrap them (fmt.Errorf("...: %w", ErrX)) so
 // that callers decide with errors.Is, never by matching message text.
 var (
-	// ErrNotFound: the disk, node or operation does not exist.
+	// ErrNotFound: the disk, snapshot, node or operation does not exist.
 	ErrNotFound = errors.New("not found")
-	// ErrAlreadyExists: a disk with this name exists with another size.
+	// ErrAlreadyExists: a disk with this name exists with another size or
+	// source (DiskSpec.Source), or a snapshot with this name is of another
+	// disk (SnapshotSpec.Name).
 	ErrAlreadyExists = errors.New("already exists")
 	// ErrAttached: the disk is attached (to another node for AttachDisk;
 	// at all for ResizeDisk and DeleteDisk).

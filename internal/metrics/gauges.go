@@ -46,8 +46,8 @@ var (
 )
 
 // gauges reads the store's gauges on each scrape, in one read transaction
-// (ops.Engine.Counts): O(volumes) per scrape, decoding only each volume's
-// state.
+// (ops.Engine.Counts): O(volumes + snapshots) per scrape, decoding only
+// each volume's state, and each snapshot's record.
 type gauges struct {
 	src Source
 	now func() time.Time

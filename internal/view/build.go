@@ -247,15 +247,8 @@ func volume(tx *store.Tx, v *store.Volume) (Volume, error) {
 		out.Source = &ContentSource{SnapshotID: src.SnapshotID, VolumeID: src.VolumeID}
 	}
 	var err error
-	if out.PendingOp, err = opBySeq(tx, v.ActiveOp); err != nil {
-		if out.Damage, _ = damage(err); out.Damage == "" {
-			return Volume{}, fmt.Errorf("volume %s: pending op: %w", v.ID, err)
-		}
-	}
-	if out.LastOp, err = opBySeq(tx, v.LastOp); err != nil {
-		if _, ok := damage(err); !ok { // a damaged last op is lost history, nothing worse
-			return Volume{}, fmt.Errorf("volume %s: last op: %w", v.ID, err)
-		}
+	if out.PendingOp, out.LastOp, out.Damage, err = recordOps(tx, "volume "+v.ID, v.ActiveOp, v.LastOp); err != nil {
+		return Volume{}, err
 	}
 	r, err := tx.Resize(v.ID)
 	if err != nil {
@@ -268,6 +261,23 @@ func volume(tx *store.Tx, v *store.Volume) (Volume, error) {
 		out.Resize = &rv
 	}
 	return out, nil
+}
+
+// recordOps looks up the pending and last ops of the record of what (a
+// volume or a snapshot, named). A damaged pending op is the record's
+// damage; a damaged last op is lost history, nothing worse.
+func recordOps(tx *store.Tx, what string, active, last uint64) (pending, lastOp *Op, damaged string, err error) {
+	if pending, err = opBySeq(tx, active); err != nil {
+		if damaged, _ = damage(err); damaged == "" {
+			return nil, nil, "", fmt.Errorf("%s: pending op: %w", what, err)
+		}
+	}
+	if lastOp, err = opBySeq(tx, last); err != nil {
+		if _, ok := damage(err); !ok {
+			return nil, nil, "", fmt.Errorf("%s: last op: %w", what, err)
+		}
+	}
+	return pending, lastOp, damaged, nil
 }
 
 // damage returns the message of a damaged record's error.
@@ -498,15 +508,8 @@ func snapshot(tx *store.Tx, s *store.Snapshot) (Snapshot, error) {
 		CloudID: s.CloudID, SizeBytes: s.SizeBytes, ReadyToUse: s.ReadyToUse, Zone: s.Zone, Parameters: cloneMap(s.Parameters),
 		CutAt: utc(s.CutAt), Generation: s.Generation, CreatedAt: utc(s.CreatedAt), UpdatedAt: utc(s.UpdatedAt)}
 	var err error
-	if out.PendingOp, err = opBySeq(tx, s.ActiveOp); err != nil {
-		if out.Damage, _ = damage(err); out.Damage == "" {
-			return Snapshot{}, fmt.Errorf("snapshot %s: pending op: %w", s.ID, err)
-		}
-	}
-	if out.LastOp, err = opBySeq(tx, s.LastOp); err != nil {
-		if _, ok := damage(err); !ok {
-			return Snapshot{}, fmt.Errorf("snapshot %s: last op: %w", s.ID, err)
-		}
+	if out.PendingOp, out.LastOp, out.Damage, err = recordOps(tx, "snapshot "+s.ID, s.ActiveOp, s.LastOp); err != nil {
+		return Snapshot{}, err
 	}
 	return out, nil
 }

@@ -173,25 +173,38 @@ func (h *harness) listAll(pageSize int) []string {
 // the end and returns the disk IDs in order.
 func (h *harness) listFrom(opts cloud.ListOptions) []string {
 	h.t.Helper()
-	var ids []string
-	pageSize := opts.MaxResults
-	for range 1000 {
+	return pageThrough(h.t, "ListDisks", opts.PageToken, opts.MaxResults, func(token string) ([]string, string, error) {
+		opts.PageToken = token
 		page, err := h.c.ListDisks(ctx(h.t), opts)
+		ids := make([]string, len(page.Disks))
+		for i, d := range page.Disks {
+			ids[i] = d.ID
+		}
+		return ids, page.NextToken, err
+	})
+}
+
+// pageThrough calls list (ListDisks, ListSnapshots: one page from a
+// token) from token to the last page and returns the ids in order. No
+// page may hold more than maxResults ids, when it is set.
+func pageThrough(t *testing.T, method, token string, maxResults int, list func(token string) (ids []string, next string, err error)) []string {
+	t.Helper()
+	var all []string
+	for range 1000 {
+		ids, next, err := list(token)
 		if err != nil {
-			h.t.Fatalf("ListDisks(%+v): %v", opts, err)
+			t.Fatalf("%s from token %q, pages of %d: %v", method, token, maxResults, err)
 		}
-		if pageSize > 0 && len(page.Disks) > pageSize {
-			h.t.Fatalf("page of %d disks, asked for at most %d", len(page.Disks), pageSize)
+		if maxResults > 0 && len(ids) > maxResults {
+			t.Fatalf("%s gave a page of %d, asked for at most %d", method, len(ids), maxResults)
 		}
-		for _, d := range page.Disks {
-			ids = append(ids, d.ID)
+		all = append(all, ids...)
+		if next == "" {
+			return all
 		}
-		if page.NextToken == "" {
-			return ids
-		}
-		opts.PageToken = page.NextToken
+		token = next
 	}
-	h.t.Fatal("ListDisks never ended")
+	t.Fatalf("%s never ended", method)
 	return nil
 }
 

@@ -98,25 +98,17 @@ func (h *harness) createFrom(name string, size int64, src cloud.DiskSource) clou
 // returns the snapshot IDs in order.
 func (h *harness) listSnapshots(opts cloud.SnapshotListOptions) []string {
 	h.t.Helper()
-	var ids []string
-	for range 1000 {
-		page, err := h.snapshotter().ListSnapshots(ctx(h.t), opts)
-		if err != nil {
-			h.t.Fatalf("ListSnapshots(%+v): %v", opts, err)
-		}
-		if opts.MaxResults > 0 && len(page.Snapshots) > opts.MaxResults {
-			h.t.Fatalf("page of %d snapshots, asked for at most %d", len(page.Snapshots), opts.MaxResults)
-		}
-		for _, s := range page.Snapshots {
-			ids = append(ids, s.ID)
-		}
-		if page.NextToken == "" {
-			return ids
-		}
-		opts.PageToken = page.NextToken
-	}
-	h.t.Fatal("ListSnapshots never ended")
-	return nil
+	s := h.snapshotter()
+	return pageThrough(h.t, fmt.Sprintf("ListSnapshots of disk %q", opts.SourceDiskID), opts.PageToken, opts.MaxResults,
+		func(token string) ([]string, string, error) {
+			opts.PageToken = token
+			page, err := s.ListSnapshots(ctx(h.t), opts)
+			ids := make([]string, len(page.Snapshots))
+			for i, s := range page.Snapshots {
+				ids[i] = s.ID
+			}
+			return ids, page.NextToken, err
+		})
 }
 
 // Content. A disk is written, when the provider lets the suite, at

@@ -360,7 +360,6 @@ func (c *Cloud) begin(method string, kind cloud.OpKind, diskID, nodeID string) *
 	return call
 }
 
-// refuse ends a call that started no operation; the caller holds c.mu.
 // beginChange logs the call of a change to disk diskID and refuses it, as
 // logged, when a failure is set for its kind or the id is malformed. The
 // caller holds c.mu.
@@ -375,6 +374,7 @@ func (c *Cloud) beginChange(method string, kind cloud.OpKind, diskID, nodeID str
 	return call, nil
 }
 
+// refuse ends a call that started no operation; the caller holds c.mu.
 func (c *Cloud) refuse(call *Call, err error) error {
 	call.End = c.opts.Now()
 	call.Err = err
@@ -813,23 +813,12 @@ func (c *Cloud) ListDisks(_ context.Context, opts cloud.ListOptions) (cloud.Disk
 	if opts.PageToken != "" && !diskIDPattern.MatchString(opts.PageToken) {
 		return cloud.DiskPage{}, c.refuse(call, fmt.Errorf("page token %q: %w", opts.PageToken, cloud.ErrInvalid))
 	}
-	limit, err := pageSize(opts.MaxResults)
+	ids, next, err := listPage(c.disks, opts.PageToken, opts.MaxResults, func(d *disk) bool { return d.created })
 	if err != nil {
 		return cloud.DiskPage{}, c.refuse(call, err)
 	}
-	ids := make([]string, 0, len(c.disks))
-	for id, d := range c.disks {
-		if d.created && id > opts.PageToken {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	var page cloud.DiskPage
-	for i, id := range ids {
-		if i == limit {
-			page.NextToken = ids[i-1]
-			break
-		}
+	page := cloud.DiskPage{NextToken: next}
+	for _, id := range ids {
 		d := c.disks[id].d
 		d.Tags = maps.Clone(d.Tags)
 		page.Disks = append(page.Disks, d)
@@ -866,10 +855,10 @@ func (c *Cloud) Capacity(_ context.Context, zone string) (int64, error) {
 	return c.opts.CapacityBytes - c.used[z], nil
 }
 
-// Zones lists the provider's zones, the default first.
 // MaxDiskBytes is the largest disk; see cloud.Cloud.
 func (c *Cloud) MaxDiskBytes() int64 { return MaxDiskBytes }
 
+// Zones lists the provider's zones, the default first.
 func (c *Cloud) Zones() []string {
 	return slices.Clone(c.opts.Zones)
 }
@@ -923,6 +912,26 @@ func checkSize(size int64) (int64, error) {
 		return 0, fmt.Errorf("size %d: must be between 1 and %d bytes: %w", size, int64(MaxDiskBytes), cloud.ErrInvalid)
 	}
 	return (size + Granularity - 1) / Granularity * Granularity, nil
+}
+
+// listPage selects the ids of m that keep accepts and that sort after
+// token, in order, and cuts a page of at most max of them (see pageSize);
+// next is the token of the page after it, "" on the last page.
+func listPage[T any](m map[string]T, token string, max int, keep func(T) bool) (ids []string, next string, err error) {
+	limit, err := pageSize(max)
+	if err != nil {
+		return nil, "", err
+	}
+	for id, v := range m {
+		if id > token && keep(v) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if len(ids) > limit {
+		return ids[:limit], ids[limit-1], nil
+	}
+	return ids, "", nil
 }
 
 func pageSize(n int) (int, error) {

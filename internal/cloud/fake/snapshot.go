@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"regexp"
-	"slices"
 	"unicode/utf8"
 
 	"github.com/csid-dev/csid/internal/cloud"
@@ -149,23 +148,14 @@ func (c *Cloud) ListSnapshots(_ context.Context, opts cloud.SnapshotListOptions)
 	if opts.PageToken != "" && !snapIDPattern.MatchString(opts.PageToken) {
 		return cloud.SnapshotPage{}, c.refuse(call, fmt.Errorf("page token %q: %w", opts.PageToken, cloud.ErrInvalid))
 	}
-	limit, err := pageSize(opts.MaxResults)
+	ids, next, err := listPage(c.snaps, opts.PageToken, opts.MaxResults, func(s *snapshot) bool {
+		return opts.SourceDiskID == "" || s.s.SourceDiskID == opts.SourceDiskID
+	})
 	if err != nil {
 		return cloud.SnapshotPage{}, c.refuse(call, err)
 	}
-	ids := make([]string, 0, len(c.snaps))
-	for id, s := range c.snaps {
-		if id > opts.PageToken && (opts.SourceDiskID == "" || s.s.SourceDiskID == opts.SourceDiskID) {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	var page cloud.SnapshotPage
-	for i, id := range ids {
-		if i == limit {
-			page.NextToken = ids[i-1]
-			break
-		}
+	page := cloud.SnapshotPage{NextToken: next}
+	for _, id := range ids {
 		page.Snapshots = append(page.Snapshots, c.snaps[id].report())
 	}
 	call.End = c.opts.Now()
