@@ -41,7 +41,12 @@ var ErrBusy = errors.New("loop device is in use")
 const (
 	flagReadOnly  = 1
 	flagAutoClear = 4
+	flagDirectIO  = 16
 )
+
+// sectorSize is the logical block size of a loop device bound without
+// direct I/O, and the one Attach asks for with it (see Options.DirectIO).
+const sectorSize = 512
 
 // Major is the block major number of loop devices.
 const Major = 7
@@ -67,6 +72,9 @@ type Device struct {
 	SizeBytes int64
 	// ReadOnly is true for a read-only binding.
 	ReadOnly bool
+	// DirectIO is true when the device reads and writes its backing file
+	// with direct I/O, bypassing the page cache.
+	DirectIO bool
 }
 
 // FileID identifies a file by the device and inode number it lives on.
@@ -151,6 +159,7 @@ func readSys(root string, n int, keep func(backing string) bool) (d Device, boun
 	}
 	d.AutoClear = readSysInt(filepath.Join(dir, "loop", "autoclear")) == 1
 	d.ReadOnly = readSysInt(filepath.Join(dir, "ro")) == 1
+	d.DirectIO = readSysInt(filepath.Join(dir, "loop", "dio")) == 1
 	d.SizeBytes = readSysInt(filepath.Join(dir, "size")) * 512
 	return d, true, nil
 }
@@ -254,6 +263,18 @@ type Options struct {
 	// ReadOnly binds the device read-only; the file may then be open
 	// read-only.
 	ReadOnly bool
+	// DirectIO binds the device with direct I/O (LO_FLAGS_DIRECT_IO) where
+	// the backing file allows it, and buffered where it does not (the
+	// kernel decides; Device.DirectIO says which it got). With direct
+	// I/O the device reads and writes the file bypassing the page cache:
+	// the data of a filesystem on the device is cached once, by that
+	// filesystem, not a second time as pages of the backing file. The
+	// device keeps 512-byte sectors either way: where the file's file
+	// system needs larger direct I/O (a disk of 4 KiB sectors), the
+	// device is buffered rather than of another geometry, under which a
+	// filesystem made on it before (xfs of 512-byte sectors) would not
+	// mount.
+	DirectIO bool
 }
 
 // maxAttachRaces bounds the retries when other processes keep taking the
@@ -300,10 +321,14 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 		return Device{}, err
 	}
 	mode := os.O_RDWR
-	var flags uint32
+	var flags, blockSize uint32
 	if opts.ReadOnly {
 		mode = os.O_RDONLY
 		flags |= flagReadOnly
+	}
+	if opts.DirectIO {
+		flags |= flagDirectIO
+		blockSize = sectorSize
 	}
 	dev, err := os.OpenFile(path, mode|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -311,7 +336,8 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 	}
 	defer dev.Close()
 	cfg := unix.LoopConfig{
-		Fd: uint32(file.Fd()),
+		Fd:   uint32(file.Fd()),
+		Size: blockSize,
 		Info: unix.LoopInfo64{
 			Sizelimit: uint64(opts.SizeLimit),
 			Flags:     flags,
@@ -321,7 +347,7 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 	err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) {
 		// Kernels before 5.8 lack LOOP_CONFIGURE.
-		err = setFD(dev, file, &cfg.Info)
+		err = setFD(dev, file, &cfg.Info, opts.DirectIO)
 	}
 	runtime.KeepAlive(file)
 	if err != nil {
@@ -337,13 +363,19 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 	return d, nil
 }
 
-func setFD(dev, file *os.File, info *unix.LoopInfo64) error {
+// setFD binds file to dev the way of kernels before LOOP_CONFIGURE; the
+// device has 512-byte sectors. Direct I/O is asked for afterwards, and a
+// refusal leaves the device buffered.
+func setFD(dev, file *os.File, info *unix.LoopInfo64, directIO bool) error {
 	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_SET_FD, int(file.Fd())); err != nil {
 		return fmt.Errorf("LOOP_SET_FD: %w", err)
 	}
 	if err := unix.IoctlLoopSetStatus64(int(dev.Fd()), info); err != nil {
 		_ = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
 		return fmt.Errorf("LOOP_SET_STATUS64: %w", err)
+	}
+	if directIO {
+		_ = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_SET_DIRECT_IO, 1)
 	}
 	return nil
 }
