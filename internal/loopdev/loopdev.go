@@ -54,6 +54,10 @@ const Major = 7
 // sysBlock is where the kernel lists block devices.
 const sysBlock = "/sys/block"
 
+// procPartitions is where the kernel lists the block devices that have a
+// size: of the loop devices, the bound ones.
+const procPartitions = "/proc/partitions"
+
 // Device is a loop device bound to a file.
 type Device struct {
 	// Path is the device node, /dev/loopN.
@@ -107,12 +111,20 @@ func listIn(root string, keep func(backing string) bool) ([]Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list loop devices: %w", err)
 	}
-	var out []Device
+	var numbers []int
 	for _, e := range entries {
-		n, ok := loopNumber(e.Name())
-		if !ok {
-			continue
+		if n, ok := loopNumber(e.Name()); ok {
+			numbers = append(numbers, n)
 		}
+	}
+	return readAll(root, numbers, keep)
+}
+
+// readAll reads the sysfs attributes of loop devices by number (see
+// listIn), in number order.
+func readAll(root string, numbers []int, keep func(backing string) bool) ([]Device, error) {
+	var out []Device
+	for _, n := range numbers {
 		d, bound, err := readSys(root, n, keep)
 		if err != nil {
 			return nil, err
@@ -121,7 +133,7 @@ func listIn(root string, keep func(backing string) bool) ([]Device, error) {
 			out = append(out, d)
 		}
 	}
-	// ReadDir sorts by name ("loop10" before "loop2"); sort by number.
+	// Listings sort by name ("loop10" before "loop2"); sort by number.
 	slices.SortFunc(out, func(a, b Device) int { return a.Number - b.Number })
 	return out, nil
 }
@@ -229,13 +241,19 @@ func Number(path string) (int, bool) {
 	return loopNumber(name)
 }
 
-// Find returns the bound loop devices whose backing file is id. candidate,
-// when not nil, first filters the sysfs listing cheaply by the backing
-// file's path (for example by its base name), so that only plausible
-// devices have their other attributes read and are opened. Devices being
-// released (AutoClear) are included; callers decide.
+// Find returns the bound loop devices of non-zero size whose backing file
+// is id. candidate, when not nil, first filters the sysfs listing cheaply
+// by the backing file's path (for example by its base name), so that only
+// plausible devices have their other attributes read and are opened.
+// Devices being released (AutoClear) are included; callers decide.
+//
+// It looks only at the loop devices /proc/partitions lists, which are the
+// bound ones of non-zero size (one read, where the sysfs listing costs a
+// read per loop device on the machine, bound or not: most are not); a
+// device of no size holds no byte of any file. Where /proc/partitions
+// cannot be read, every loop device in sysfs is looked at.
 func Find(id FileID, candidate func(backing string) bool) ([]Device, error) {
-	all, err := listIn(sysBlock, candidate)
+	all, err := listSized(procPartitions, sysBlock, candidate)
 	if err != nil {
 		return nil, err
 	}
@@ -253,6 +271,29 @@ func Find(id FileID, candidate func(backing string) bool) ([]Device, error) {
 		}
 	}
 	return out, nil
+}
+
+// listSized lists the bound loop devices of non-zero size, by the
+// partitions list at partitions (see Find), reading their attributes
+// under root; when the list cannot be read, it lists every loop device
+// under root.
+func listSized(partitions, root string, keep func(backing string) bool) ([]Device, error) {
+	raw, err := os.ReadFile(partitions)
+	if err != nil {
+		return listIn(root, keep)
+	}
+	var numbers []int
+	for _, line := range strings.Split(string(raw), "\n") {
+		// major minor #blocks name
+		f := strings.Fields(line)
+		if len(f) != 4 || f[0] != strconv.Itoa(Major) || f[2] == "0" {
+			continue
+		}
+		if n, ok := loopNumber(f[3]); ok {
+			numbers = append(numbers, n)
+		}
+	}
+	return readAll(root, numbers, keep)
 }
 
 // Options shape a binding.

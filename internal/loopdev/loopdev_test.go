@@ -450,3 +450,44 @@ func attachSectors(t *testing.T, f *os.File, id FileID, sectors uint32) Device {
 	t.Fatal("no free loop device")
 	return Device{}
 }
+
+// Find looks at the loop devices /proc/partitions lists with a size (the
+// bound ones), not at every loop device in sysfs; without the list, at
+// every one.
+func TestListSizedReadsOnlyListedLoops(t *testing.T) {
+	root := t.TempDir()
+	for _, n := range []string{"loop0", "loop1", "loop7", "loop12"} {
+		p := filepath.Join(root, n, "loop", "backing_file")
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("/state/disks/"+n+".img\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	partitions := filepath.Join(t.TempDir(), "partitions")
+	list := "major minor  #blocks  name\n\n" +
+		"   7        0          0 loop0\n" + // bound to a file of no size
+		"   7       12      65536 loop12\n" +
+		" 253        0  264212084 vda\n" +
+		"   7        7      16384 loop7\n" +
+		"   8        1      16384 loop1\n" // not the loop major
+	if err := os.WriteFile(partitions, []byte(list), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	numbers := func(ds []Device) []int {
+		var out []int
+		for _, d := range ds {
+			out = append(out, d.Number)
+		}
+		return out
+	}
+	got, err := listSized(partitions, root, nil)
+	if err != nil || !slices.Equal(numbers(got), []int{7, 12}) {
+		t.Fatalf("listSized = %v, %v; want loop7 and loop12, the listed loops with a size", numbers(got), err)
+	}
+	got, err = listSized(filepath.Join(t.TempDir(), "none"), root, nil)
+	if err != nil || !slices.Equal(numbers(got), []int{0, 1, 7, 12}) {
+		t.Fatalf("listSized without a partitions list = %v, %v; want every loop in sysfs", numbers(got), err)
+	}
+}
