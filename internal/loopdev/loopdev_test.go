@@ -22,7 +22,13 @@ const mib = 1 << 20
 // read-write, with its identity.
 func sparseFile(t *testing.T, size int64) (*os.File, FileID) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "disk.img")
+	return sparseFileIn(t, t.TempDir(), size)
+}
+
+// sparseFileIn is sparseFile in the directory dir.
+func sparseFileIn(t *testing.T, dir string, size int64) (*os.File, FileID) {
+	t.Helper()
+	path := filepath.Join(dir, "disk.img")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -357,26 +363,9 @@ func TestAttachDirectIO(t *testing.T) {
 // before (xfs) would not mount on a device of larger ones.
 func TestDirectIOFallsBackKeepingSectors(t *testing.T) {
 	testutil.RequireRoot(t)
-	dir := fsOn4KSectors(t)
-	path := filepath.Join(dir, "disk.img")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(4 * mib); err != nil {
-		t.Fatal(err)
-	}
-	if align := dioAlign(t, path); align != 4096 {
+	f, id := sparseFileIn(t, fsOn4KSectors(t), 4*mib)
+	if align := dioAlign(t, f.Name()); align != 4096 {
 		t.Fatalf("direct I/O on the 4 KiB-sector file system aligns to %d bytes, want 4096", align)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := IDOf(fi)
-	if err != nil {
-		t.Fatal(err)
 	}
 	d := attach(t, f, id, Options{DirectIO: true})
 	if d.DirectIO || sectorBytes(t, d) != 512 {
