@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/loopdev"
 	"github.com/csid-dev/csid/internal/mounter"
 )
@@ -120,7 +121,7 @@ func (f *mkfsFloor) sample(ctx context.Context) (mkfs, mount time.Duration, err 
 	if err != nil {
 		return 0, 0, err
 	}
-	dev, err := loopdev.Attach(ctx, img, loopdev.Options{})
+	dev, err := loopdev.Attach(ctx, img, local.BindOptions(f.size))
 	if err != nil {
 		return 0, 0, err
 	}

@@ -41,13 +41,22 @@ var ErrBusy = errors.New("loop device is in use")
 const (
 	flagReadOnly  = 1
 	flagAutoClear = 4
+	flagDirectIO  = 16
 )
+
+// sectorSize is the logical block size of a loop device bound without
+// direct I/O, and the one Attach asks for with it (see Options.DirectIO).
+const sectorSize = 512
 
 // Major is the block major number of loop devices.
 const Major = 7
 
 // sysBlock is where the kernel lists block devices.
 const sysBlock = "/sys/block"
+
+// procPartitions is where the kernel lists the block devices that have a
+// size: of the loop devices, the bound ones.
+const procPartitions = "/proc/partitions"
 
 // Device is a loop device bound to a file.
 type Device struct {
@@ -67,6 +76,9 @@ type Device struct {
 	SizeBytes int64
 	// ReadOnly is true for a read-only binding.
 	ReadOnly bool
+	// DirectIO is true when the device reads and writes its backing file
+	// with direct I/O, bypassing the page cache.
+	DirectIO bool
 }
 
 // FileID identifies a file by the device and inode number it lives on.
@@ -99,12 +111,20 @@ func listIn(root string, keep func(backing string) bool) ([]Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list loop devices: %w", err)
 	}
-	var out []Device
+	var numbers []int
 	for _, e := range entries {
-		n, ok := loopNumber(e.Name())
-		if !ok {
-			continue
+		if n, ok := loopNumber(e.Name()); ok {
+			numbers = append(numbers, n)
 		}
+	}
+	return readAll(root, numbers, keep)
+}
+
+// readAll reads the sysfs attributes of loop devices by number (see
+// listIn), in number order.
+func readAll(root string, numbers []int, keep func(backing string) bool) ([]Device, error) {
+	var out []Device
+	for _, n := range numbers {
 		d, bound, err := readSys(root, n, keep)
 		if err != nil {
 			return nil, err
@@ -113,7 +133,7 @@ func listIn(root string, keep func(backing string) bool) ([]Device, error) {
 			out = append(out, d)
 		}
 	}
-	// ReadDir sorts by name ("loop10" before "loop2"); sort by number.
+	// Listings sort by name ("loop10" before "loop2"); sort by number.
 	slices.SortFunc(out, func(a, b Device) int { return a.Number - b.Number })
 	return out, nil
 }
@@ -151,6 +171,7 @@ func readSys(root string, n int, keep func(backing string) bool) (d Device, boun
 	}
 	d.AutoClear = readSysInt(filepath.Join(dir, "loop", "autoclear")) == 1
 	d.ReadOnly = readSysInt(filepath.Join(dir, "ro")) == 1
+	d.DirectIO = readSysInt(filepath.Join(dir, "loop", "dio")) == 1
 	d.SizeBytes = readSysInt(filepath.Join(dir, "size")) * 512
 	return d, true, nil
 }
@@ -220,13 +241,19 @@ func Number(path string) (int, bool) {
 	return loopNumber(name)
 }
 
-// Find returns the bound loop devices whose backing file is id. candidate,
-// when not nil, first filters the sysfs listing cheaply by the backing
-// file's path (for example by its base name), so that only plausible
-// devices have their other attributes read and are opened. Devices being
-// released (AutoClear) are included; callers decide.
+// Find returns the bound loop devices of non-zero size whose backing file
+// is id. candidate, when not nil, first filters the sysfs listing cheaply
+// by the backing file's path (for example by its base name), so that only
+// plausible devices have their other attributes read and are opened.
+// Devices being released (AutoClear) are included; callers decide.
+//
+// It looks only at the loop devices /proc/partitions lists, which are the
+// bound ones of non-zero size (one read, where the sysfs listing costs a
+// read per loop device on the machine, bound or not: most are not); a
+// device of no size holds no byte of any file. Where /proc/partitions
+// cannot be read, every loop device in sysfs is looked at.
 func Find(id FileID, candidate func(backing string) bool) ([]Device, error) {
-	all, err := listIn(sysBlock, candidate)
+	all, err := listSized(procPartitions, sysBlock, candidate)
 	if err != nil {
 		return nil, err
 	}
@@ -246,6 +273,29 @@ func Find(id FileID, candidate func(backing string) bool) ([]Device, error) {
 	return out, nil
 }
 
+// listSized lists the bound loop devices of non-zero size, by the
+// partitions list at partitions (see Find), reading their attributes
+// under root; when the list cannot be read, it lists every loop device
+// under root.
+func listSized(partitions, root string, keep func(backing string) bool) ([]Device, error) {
+	raw, err := os.ReadFile(partitions)
+	if err != nil {
+		return listIn(root, keep)
+	}
+	var numbers []int
+	for _, line := range strings.Split(string(raw), "\n") {
+		// major minor #blocks name
+		f := strings.Fields(line)
+		if len(f) != 4 || f[0] != strconv.Itoa(Major) || f[2] == "0" {
+			continue
+		}
+		if n, ok := loopNumber(f[3]); ok {
+			numbers = append(numbers, n)
+		}
+	}
+	return readAll(root, numbers, keep)
+}
+
 // Options shape a binding.
 type Options struct {
 	// SizeLimit caps the device at this many bytes of the file; 0 means
@@ -254,6 +304,18 @@ type Options struct {
 	// ReadOnly binds the device read-only; the file may then be open
 	// read-only.
 	ReadOnly bool
+	// DirectIO binds the device with direct I/O (LO_FLAGS_DIRECT_IO) where
+	// the backing file allows it, and buffered where it does not (the
+	// kernel decides; Device.DirectIO says which it got). With direct
+	// I/O the device reads and writes the file bypassing the page cache:
+	// the data of a filesystem on the device is cached once, by that
+	// filesystem, not a second time as pages of the backing file. The
+	// device keeps 512-byte sectors either way: where the file's file
+	// system needs larger direct I/O (a disk of 4 KiB sectors), the
+	// device is buffered rather than of another geometry, under which a
+	// filesystem made on it before (xfs of 512-byte sectors) would not
+	// mount.
+	DirectIO bool
 }
 
 // maxAttachRaces bounds the retries when other processes keep taking the
@@ -300,10 +362,14 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 		return Device{}, err
 	}
 	mode := os.O_RDWR
-	var flags uint32
+	var flags, blockSize uint32
 	if opts.ReadOnly {
 		mode = os.O_RDONLY
 		flags |= flagReadOnly
+	}
+	if opts.DirectIO {
+		flags |= flagDirectIO
+		blockSize = sectorSize
 	}
 	dev, err := os.OpenFile(path, mode|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -311,7 +377,8 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 	}
 	defer dev.Close()
 	cfg := unix.LoopConfig{
-		Fd: uint32(file.Fd()),
+		Fd:   uint32(file.Fd()),
+		Size: blockSize,
 		Info: unix.LoopInfo64{
 			Sizelimit: uint64(opts.SizeLimit),
 			Flags:     flags,
@@ -321,7 +388,7 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 	err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) {
 		// Kernels before 5.8 lack LOOP_CONFIGURE.
-		err = setFD(dev, file, &cfg.Info)
+		err = setFD(dev, file, &cfg.Info, opts.DirectIO)
 	}
 	runtime.KeepAlive(file)
 	if err != nil {
@@ -337,13 +404,19 @@ func bind(file *os.File, n int, opts Options) (Device, error) {
 	return d, nil
 }
 
-func setFD(dev, file *os.File, info *unix.LoopInfo64) error {
+// setFD binds file to dev the way of kernels before LOOP_CONFIGURE; the
+// device has 512-byte sectors. Direct I/O is asked for afterwards, and a
+// refusal leaves the device buffered.
+func setFD(dev, file *os.File, info *unix.LoopInfo64, directIO bool) error {
 	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_SET_FD, int(file.Fd())); err != nil {
 		return fmt.Errorf("LOOP_SET_FD: %w", err)
 	}
 	if err := unix.IoctlLoopSetStatus64(int(dev.Fd()), info); err != nil {
 		_ = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
 		return fmt.Errorf("LOOP_SET_STATUS64: %w", err)
+	}
+	if directIO {
+		_ = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_SET_DIRECT_IO, 1)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,7 +22,13 @@ const mib = 1 << 20
 // read-write, with its identity.
 func sparseFile(t *testing.T, size int64) (*os.File, FileID) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "disk.img")
+	return sparseFileIn(t, t.TempDir(), size)
+}
+
+// sparseFileIn is sparseFile in the directory dir.
+func sparseFileIn(t *testing.T, dir string, size int64) (*os.File, FileID) {
+	t.Helper()
+	path := filepath.Join(dir, "disk.img")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +257,7 @@ func TestListIgnoresOtherEntries(t *testing.T) {
 	mk("loop10/loop/backing_file", "/state/disks/disk-b.img (deleted)\n")
 	mk("loop10/size", "2048\n")
 	mk("loop10/loop/autoclear", "1\n")
+	mk("loop10/loop/dio", "1\n")
 	mk("loop2/loop/backing_file", "/state/disks/disk-a.img\n")
 	mk("loop2/ro", "1\n")
 	mk("loop3/size", "0\n") // unbound
@@ -262,7 +270,7 @@ func TestListIgnoresOtherEntries(t *testing.T) {
 	}
 	want := []Device{
 		{Path: "/dev/loop2", Number: 2, BackingFile: "/state/disks/disk-a.img", ReadOnly: true},
-		{Path: "/dev/loop10", Number: 10, BackingFile: "/state/disks/disk-b.img", Deleted: true, AutoClear: true, SizeBytes: mib},
+		{Path: "/dev/loop10", Number: 10, BackingFile: "/state/disks/disk-b.img", Deleted: true, AutoClear: true, SizeBytes: mib, DirectIO: true},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("listIn = %+v, want %+v", got, want)
@@ -275,5 +283,200 @@ func TestListIgnoresOtherEntries(t *testing.T) {
 	}
 	if !slices.Equal(got, want[1:]) {
 		t.Fatalf("listIn filtered = %+v, want %+v", got, want[1:])
+	}
+}
+
+// dioAlign is the alignment direct I/O on the file needs (statx's
+// STATX_DIOALIGN), 0 when the file system does no direct I/O.
+func dioAlign(t *testing.T, path string) uint32 {
+	t.Helper()
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_DIOALIGN, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mask&unix.STATX_DIOALIGN == 0 {
+		t.Skipf("the kernel does not say the direct I/O alignment of %s (STATX_DIOALIGN: Linux 6.1)", path)
+	}
+	return st.Dio_offset_align
+}
+
+// sectorBytes is the logical block size of the loop device d.
+func sectorBytes(t *testing.T, d Device) int64 {
+	t.Helper()
+	n := readSysInt(filepath.Join(sysBlock, "loop"+strconv.Itoa(d.Number), "queue", "logical_block_size"))
+	if n == 0 {
+		t.Fatalf("%s: no logical block size in sysfs", d.Path)
+	}
+	return n
+}
+
+// roundTrip writes a block through the device at an offset that is not
+// 4 KiB aligned and reads it back from the backing file.
+func roundTrip(t *testing.T, d Device, f *os.File) {
+	t.Helper()
+	dev, err := os.OpenFile(d.Path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	want := []byte(strings.Repeat("csid", 128)) // 512 bytes
+	if _, err := dev.WriteAt(want, 3*512); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if _, err := f.ReadAt(got, 3*512); err != nil || string(got) != string(want) {
+		t.Fatalf("the image reads %q, %v at 1536; want what was written through %s", got[:8], err, d.Path)
+	}
+}
+
+// A device bound with DirectIO reads and writes its file with direct I/O
+// where the file's file system does it at 512 bytes, and keeps 512-byte
+// sectors; bound without, it is buffered.
+func TestAttachDirectIO(t *testing.T) {
+	testutil.RequireRoot(t)
+	f, id := sparseFile(t, 4*mib)
+	align := dioAlign(t, f.Name())
+	d := attach(t, f, id, Options{DirectIO: true})
+	if want := align != 0 && align <= 512; d.DirectIO != want {
+		t.Fatalf("DirectIO = %v on a file whose direct I/O aligns to %d bytes, want %v", d.DirectIO, align, want)
+	}
+	if got := sectorBytes(t, d); got != 512 {
+		t.Fatalf("a device bound with direct I/O has %d-byte sectors, want 512", got)
+	}
+	if got := find(t, id); len(got) != 1 || got[0].DirectIO != d.DirectIO {
+		t.Fatalf("Find = %+v, want the device as Attach reported it", got)
+	}
+	roundTrip(t, d, f)
+
+	g, gid := sparseFile(t, 4*mib)
+	if b := attach(t, g, gid, Options{}); b.DirectIO || sectorBytes(t, b) != 512 {
+		t.Fatalf("bound without DirectIO: %+v, %d-byte sectors; want buffered, 512", b, sectorBytes(t, b))
+	}
+}
+
+// Where the file's file system does direct I/O only in 4 KiB blocks (on a
+// disk of 4 KiB sectors), a device bound with DirectIO is buffered rather
+// than of 4 KiB sectors: a filesystem made on it with 512-byte sectors
+// before (xfs) would not mount on a device of larger ones.
+func TestDirectIOFallsBackKeepingSectors(t *testing.T) {
+	testutil.RequireRoot(t)
+	f, id := sparseFileIn(t, fsOn4KSectors(t), 4*mib)
+	if align := dioAlign(t, f.Name()); align != 4096 {
+		t.Fatalf("direct I/O on the 4 KiB-sector file system aligns to %d bytes, want 4096", align)
+	}
+	d := attach(t, f, id, Options{DirectIO: true})
+	if d.DirectIO || sectorBytes(t, d) != 512 {
+		t.Fatalf("device = %+v with %d-byte sectors, want buffered with 512", d, sectorBytes(t, d))
+	}
+	roundTrip(t, d, f)
+}
+
+// fsOn4KSectors mounts an ext4 file system made on a loop device of 4 KiB
+// sectors, and returns where; all of it goes when the test ends.
+func fsOn4KSectors(t *testing.T) string {
+	t.Helper()
+	backing, id := sparseFile(t, 64*mib)
+	d := attachSectors(t, backing, id, 4096)
+	if out, err := exec.Command("mkfs.ext4", "-q", d.Path).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	dir := filepath.Join(t.TempDir(), "fs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(d.Path, dir, "ext4", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	// Registered after attachSectors' release: runs before it.
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+// attachSectors binds f to a free loop device of sectors-byte sectors
+// (buffered) and releases it when the test ends.
+func attachSectors(t *testing.T, f *os.File, id FileID, sectors uint32) Device {
+	t.Helper()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	for range maxAttachRaces {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev, err := os.OpenFile("/dev/loop"+strconv.Itoa(n), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.IoctlLoopConfigure(int(dev.Fd()), &unix.LoopConfig{Fd: uint32(f.Fd()), Size: sectors})
+		dev.Close()
+		if errors.Is(err, unix.EBUSY) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("LOOP_CONFIGURE with %d-byte sectors: %v", sectors, err)
+		}
+		d, bound, err := readSys(sysBlock, n, nil)
+		if err != nil || !bound {
+			t.Fatalf("loop%d: %+v, %v, %v", n, d, bound, err)
+		}
+		t.Cleanup(func() {
+			if err := Release(context.Background(), d.Path, id); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		})
+		return d
+	}
+	t.Fatal("no free loop device")
+	return Device{}
+}
+
+// Find looks at the loop devices /proc/partitions lists with a size (the
+// bound ones), not at every loop device in sysfs; without the list, at
+// every one.
+func TestListSizedReadsOnlyListedLoops(t *testing.T) {
+	root := t.TempDir()
+	for _, n := range []string{"loop0", "loop1", "loop7", "loop12"} {
+		p := filepath.Join(root, n, "loop", "backing_file")
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("/state/disks/"+n+".img\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	partitions := filepath.Join(t.TempDir(), "partitions")
+	list := "major minor  #blocks  name\n\n" +
+		"   7        0          0 loop0\n" + // bound to a file of no size
+		"   7       12      65536 loop12\n" +
+		" 253        0  264212084 vda\n" +
+		"   7        7      16384 loop7\n" +
+		"   8        1      16384 loop1\n" // not the loop major
+	if err := os.WriteFile(partitions, []byte(list), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	numbers := func(ds []Device) []int {
+		var out []int
+		for _, d := range ds {
+			out = append(out, d.Number)
+		}
+		return out
+	}
+	got, err := listSized(partitions, root, nil)
+	if err != nil || !slices.Equal(numbers(got), []int{7, 12}) {
+		t.Fatalf("listSized = %v, %v; want loop7 and loop12, the listed loops with a size", numbers(got), err)
+	}
+	got, err = listSized(filepath.Join(t.TempDir(), "none"), root, nil)
+	if err != nil || !slices.Equal(numbers(got), []int{0, 1, 7, 12}) {
+		t.Fatalf("listSized without a partitions list = %v, %v; want every loop in sysfs", numbers(got), err)
 	}
 }

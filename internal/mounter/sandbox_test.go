@@ -24,6 +24,8 @@ const mib = int64(1) << 20
 type sandbox struct {
 	t   testing.TB
 	dir string
+	// bind is how its loop devices are bound (buffered unless a test says).
+	bind loopdev.Options
 
 	mu    sync.Mutex
 	loops []loop
@@ -76,7 +78,7 @@ func (sb *sandbox) attach(img *os.File) string {
 	if err != nil {
 		sb.t.Fatal(err)
 	}
-	d, err := loopdev.Attach(context.Background(), img, loopdev.Options{})
+	d, err := loopdev.Attach(context.Background(), img, sb.bind)
 	if err != nil {
 		sb.t.Fatal(err)
 	}
