@@ -18,6 +18,9 @@ import (
 type dirSyncer struct {
 	dir   string
 	fsync func() error // d.syncOpen; tests count the rounds
+	// gather, when set, is called by a round before it begins, for the
+	// callers about to join it (journal.go).
+	gather func()
 	fd    int          // the directory, open for the rounds; -1 when not; only the running round uses it
 
 	mu      sync.Mutex
@@ -110,6 +113,13 @@ func (d *dirSyncer) await(want uint64) error {
 		// begin when it was taken: the next to begin now is want.
 		if !d.running && d.started < want {
 			d.running = true
+			if d.gather != nil {
+				// Callers arriving meanwhile join this round: it
+				// has not begun.
+				d.mu.Unlock()
+				d.gather()
+				d.mu.Lock()
+			}
 			d.started = want
 			d.mu.Unlock()
 			err := d.fsync()

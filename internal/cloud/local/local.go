@@ -84,6 +84,10 @@ type Options struct {
 	opsPerLog int
 	// crash is called at named points of the mutating paths (crash tests).
 	crash func(point string)
+	// bootID stands for this boot's id (tests: a crash of the machine).
+	bootID string
+	// journalIntents is how many intents a journal file takes (tests).
+	journalIntents int
 }
 
 // DefaultZone is the zone when Options.Zone is empty.
@@ -129,6 +133,12 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 		return nil, err
 	}
 	s.crash = opts.crash
+	if opts.bootID != "" {
+		s.boot, s.jrnl.boot = opts.bootID, opts.bootID
+	}
+	if opts.journalIntents > 0 {
+		s.jrnl.limit = opts.journalIntents
+	}
 	s.oplog.perLog = opts.opsPerLog
 	if s.oplog.perLog <= 0 {
 		s.oplog.perLog = defaultOpsPerLog
@@ -141,6 +151,11 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 		if f, err = openUnnamed(s.disks); err == nil {
 			f.Close()
 		}
+	}
+	if err == nil {
+		// Journals of killed processes of this boot: a crash of the
+		// machine no longer needs them (journal.go).
+		err = s.settleJournals()
 	}
 	if err == nil {
 		err = c.openSnapshots()

@@ -174,6 +174,12 @@ func checkInvariants(t *testing.T, dir string) {
 			continue
 		}
 		for i, line := range strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n") {
+			if strings.Contains(line, "\x00") {
+				// After a crash of the machine: the log's new size
+				// reached the device and not its new lines (not
+				// fsynced: forgotten operations).
+				continue
+			}
 			var rec opRecord
 			if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Version != recordVersion {
 				t.Errorf("invariants: ops/%s line %d: %v", e.Name(), i+1, err)
