@@ -21,7 +21,7 @@ type dirSyncer struct {
 	// gather, when set, is called by a round before it begins, for the
 	// callers about to join it (journal.go).
 	gather func()
-	fd    int          // the directory, open for the rounds; -1 when not; only the running round uses it
+	fd     int // the directory, open for the rounds; -1 when not; only the running round uses it
 
 	mu      sync.Mutex
 	cond    *sync.Cond
