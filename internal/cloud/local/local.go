@@ -12,10 +12,12 @@
 // attachments: see locks.go), so that independent disks never wait on each
 // other. Every file that must survive a crash of the machine is written
 // crash-safely (whole under a temporary name, fsynced, then linked or
-// renamed into place and its directory fsynced: newfile.go), and a disk
-// exists only once its record is in place: a crash never leaves a
-// half-created disk that looks whole, and Open removes what a crash left
-// behind. Record files are recycled rather than freed (spare.go). Two indexes (index.go) find a disk by name and count a node's
+// renamed into place and its directory fsynced: newfile.go), except what
+// creates and deletes write: they journal their intent first, sharing one
+// fdatasync among concurrent calls, and the first Open after a crash of
+// the machine replays the journals (journal.go). A disk exists only once
+// its record is in place: a crash never leaves a half-created disk that
+// looks whole, and Open removes what a crash left behind. Record files are recycled rather than freed (spare.go). Two indexes (index.go) find a disk by name and count a node's
 // disks without reading every record, so an operation costs the same with
 // ten disks or ten thousand.
 //

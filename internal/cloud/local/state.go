@@ -37,6 +37,7 @@ import (
 //	                        the attachment index: an empty file per disk
 //	                        attached to the node
 //	ops/<op-id>.log         operation logs (oplog.go)
+//	journal/<op-id>.wal     the journals of creates and deletes (journal.go)
 //	snapshots/, snapnames/, frozen/
 //	                        snapshots, their name index, and freezes in
 //	                        progress (snapshot.go)
