@@ -272,7 +272,7 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 		// once: a crash of the machine that brings back its name entry or
 		// its place replays the delete, which removes them (journal.go).
 		_ = c.s.unname(hash, id)
-		c.s.spares.retire(retired, false)
+		c.s.spares.retire(retired)
 		_ = os.Remove(c.s.imagePath(id))
 		op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
 		return err

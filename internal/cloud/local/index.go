@@ -135,7 +135,7 @@ func (s *state) unname(hash string, id diskID) error {
 	}
 	// No cooling (spare.go): the delete is journaled, and the replay
 	// of its intent removes an entry that comes back (journal.go).
-	s.spares.retire(s.namePath(hash), false)
+	s.spares.retire(s.namePath(hash))
 	return nil
 }
 

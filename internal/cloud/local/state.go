@@ -175,7 +175,6 @@ func openState(dir string) (*state, error) {
 		s.lockF.Close()
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
-	s.spares.ordered = s.orderedMeta
 	return s, nil
 }
 
@@ -224,11 +223,7 @@ func newState(abs string) *state {
 		ops:      filepath.Join(abs, opsDir),
 		journal:  filepath.Join(abs, journalDir),
 	}
-	s.spares = &spares{
-		dir:   filepath.Join(abs, spareDir),
-		names: func() *dirSyncer { return s.syncer(s.names) },
-		disks: func() *dirSyncer { return s.syncer(s.disks) },
-	}
+	s.spares = &spares{dir: filepath.Join(abs, spareDir)}
 	return s
 }
 
@@ -510,7 +505,7 @@ func (s *state) writeDisk(d cloud.Disk) error {
 		return err // the old record's name may come back: it is no spare
 	}
 	if old != "" {
-		s.spares.retire(old, false)
+		s.spares.retire(old)
 	}
 	return nil
 }
