@@ -262,11 +262,15 @@ func (j *journal) create() (*generation, error) {
 func (j *journal) checkpointIdle() {
 	j.mu.Lock()
 	g := j.cur
-	j.cur = nil
-	j.mu.Unlock()
-	if g != nil {
-		j.checkpoint(g)
+	if g == nil || j.closed {
+		j.mu.Unlock()
+		return
 	}
+	j.cur = nil
+	j.ckpts.Add(1) // close waits for it
+	j.mu.Unlock()
+	defer j.ckpts.Done()
+	j.checkpoint(g)
 }
 
 // checkpoint waits until every change of g is made, makes them durable

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
@@ -92,6 +94,7 @@ func checkInvariants(t *testing.T, dir string) {
 	}
 	defer c.Close()
 	s := c.s
+	checkJournals(t, s)
 	entries, err := os.ReadDir(s.disks)
 	if err != nil {
 		t.Errorf("invariants: %v", err)
@@ -187,6 +190,27 @@ func checkInvariants(t *testing.T, dir string) {
 				t.Errorf("invariants: operation %s: %v", rec.Op.ID, err)
 			}
 		}
+	}
+}
+
+// checkJournals: after Open, every journal left is a live process's (it
+// holds the journal's lock): Open replayed or settled the others.
+func checkJournals(t *testing.T, s *state) {
+	t.Helper()
+	files, err := s.journals()
+	if err != nil {
+		t.Errorf("invariants: %v", err)
+		return
+	}
+	for _, f := range files {
+		fd, err := unix.Open(f.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // checkpointed meanwhile
+		}
+		if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) == nil {
+			t.Errorf("invariants: journal %s of a gone process survived Open", f.path)
+		}
+		unix.Close(fd)
 	}
 }
 
