@@ -52,8 +52,10 @@ const (
 	MounterAfterResize     = "mounter.after_resize"
 
 	// The local backend's own steps (internal/cloud/local).
+	LocalCreateLogged   = "local.create_logged"
 	LocalCreateNamed    = "local.create_named"
 	LocalCreateRecorded = "local.create_recorded"
+	LocalDeleteLogged   = "local.delete_logged"
 	LocalDeleteRemoved  = "local.delete_removed"
 	LocalAttachImage    = "local.attach_image"
 	LocalAttachIndexed  = "local.attach_indexed"
@@ -91,8 +93,10 @@ var Points = map[string]string{
 	MounterGrowRecorded:    "an offline growth of a filesystem is recorded; e2fsck and resize2fs have not run",
 	MounterResizeRunning:   "resize2fs is growing a filesystem offline; csid's process group dies, resize2fs with it",
 	MounterAfterResize:     "resize2fs has grown the filesystem; its growth record is not yet cleared",
+	LocalCreateLogged:      "local backend: a create's intent is journaled; nothing else is made",
 	LocalCreateNamed:       "local backend: a create's name is indexed; no record",
 	LocalCreateRecorded:    "local backend: a created disk's record is in place; the operation is not recorded",
+	LocalDeleteLogged:      "local backend: a delete's intent is journaled; the disk is whole",
 	LocalDeleteRemoved:     "local backend: a deleted disk's record is gone; its name entry and image remain",
 	LocalAttachImage:       "local backend: an attach made the disk's image; the record says detached",
 	LocalAttachIndexed:     "local backend: an attachment is indexed under its node; the record says detached",

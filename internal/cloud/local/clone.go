@@ -116,7 +116,7 @@ func (c *Cloud) cloneLocked(ctx context.Context, hash string, d cloud.Disk, star
 		return fail("name the disk's image", err)
 	}
 	c.s.hit(crash.LocalCloneImage)
-	if what, err := c.s.placeRecord(hash, d); err != nil {
+	if what, err := c.s.placeRecord(hash, d, true); err != nil {
 		return fail(what, err)
 	}
 	return c.record(cloud.OpCreate, id, "", started, &d, nil)

@@ -42,8 +42,10 @@ type crashCase struct {
 }
 
 var crashCases = []crashCase{
+	{point: crash.LocalCreateLogged, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
 	{point: crash.LocalCreateNamed, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
 	{point: crash.LocalCreateRecorded, setup: noDisk, call: createCrashDisk, check: oneWholeDisk},
+	{point: crash.LocalDeleteLogged, setup: detachedDisk, call: deleteDisk, check: noDisks},
 	{point: crash.LocalDeleteRemoved, setup: detachedDisk, call: deleteDisk, check: noDisks},
 	{point: crash.LocalResizeGrown, setup: detachedDisk, call: resizeDisk, check: grownDisk},
 	{point: crash.LocalAttachImage, setup: detachedDisk, call: attachDisk, check: attachedDisk},

@@ -18,13 +18,15 @@ import (
 type dirSyncer struct {
 	dir   string
 	fsync func() error // d.syncOpen; tests count the rounds
-	fd    int          // the directory, open for the rounds; -1 when not; only the running round uses it
+	// gather, when set, is called by a round before it begins, for the
+	// callers about to join it (journal.go).
+	gather func()
+	fd     int // the directory, open for the rounds; -1 when not; only the running round uses it
 
 	mu      sync.Mutex
 	cond    *sync.Cond
 	started uint64 // rounds begun
 	done    uint64 // rounds finished
-	good    uint64 // the latest round that succeeded
 	running bool
 	errs    map[uint64]error // of finished rounds still awaited
 	waiting map[uint64]int
@@ -86,39 +88,29 @@ func fsyncFD(fd int) error {
 
 // sync returns once an fsync of the directory that began after the call
 // has finished, with its error.
-func (d *dirSyncer) sync() error { return d.await(0) }
-
-// syncThrough returns once round t (a ticket) or a later one has
-// succeeded, starting it if it has not begun, or once one has failed.
-func (d *dirSyncer) syncThrough(t uint64) error { return d.await(t) }
-
-// await waits for round want (0: the next one to begin) to finish, and
-// returns its error.
-func (d *dirSyncer) await(want uint64) error {
+func (d *dirSyncer) sync() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	switch {
-	case want == 0 || (d.done >= want && d.good < want):
-		// The next round; also when round want has failed since.
-		want = d.started + 1
-	case d.good >= want:
-		return nil
-	}
+	want := d.started + 1 // the next round to begin
 	d.waiting[want]++
 	for d.done < want {
 		// Rounds begin one at a time, and want was at most the next to
 		// begin when it was taken: the next to begin now is want.
 		if !d.running && d.started < want {
 			d.running = true
+			if d.gather != nil {
+				// Callers arriving meanwhile join this round: it
+				// has not begun.
+				d.mu.Unlock()
+				d.gather()
+				d.mu.Lock()
+			}
 			d.started = want
 			d.mu.Unlock()
 			err := d.fsync()
 			d.mu.Lock()
 			d.running = false
 			d.done = want
-			if err == nil {
-				d.good = want
-			}
 			d.errs[want] = err
 			d.cond.Broadcast()
 			break
@@ -131,20 +123,4 @@ func (d *dirSyncer) await(want uint64) error {
 		delete(d.errs, want)
 	}
 	return err
-}
-
-// ticket is the round that makes a change made now durable: the next one
-// to begin.
-func (d *dirSyncer) ticket() uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.started + 1
-}
-
-// succeeded reports whether round t, or a later one, has succeeded: a
-// round makes durable every change made before it began.
-func (d *dirSyncer) succeeded(t uint64) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.good >= t
 }

@@ -40,6 +40,8 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 		return cloud.Operation{}, err
 	}
 	hash := nameHash(spec.Name)
+	leave := c.s.jrnl.arrive()
+	defer leave()
 	var op cloud.Operation
 	err = c.locked(ctx, func() error {
 		started := c.opts.now()
@@ -74,7 +76,7 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 			if d.Source != nil {
 				op, err = c.cloneLocked(ctx, hash, d, started) // clone.go
 			} else {
-				op, err = c.createLocked(hash, d, started)
+				op, err = c.createLocked(hash, d, started, leave)
 			}
 			return err
 		}, diskKey(diskID(d.ID)))
@@ -121,28 +123,43 @@ func (s *state) freshID() diskID {
 	}
 }
 
-// createLocked makes disk d (placeRecord). The caller holds the locks of
-// its name and its id.
-func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time) (cloud.Operation, error) {
-	if what, err := c.s.placeRecord(hash, d); err != nil {
+// createLocked makes disk d: its intent is journaled (durably, in a
+// group commit: journal.go), then its record placed without an fsync
+// (placeRecord). The caller holds the locks of its name and its id.
+func (c *Cloud) createLocked(hash string, d cloud.Disk, started time.Time, leave func()) (cloud.Operation, error) {
+	id := diskID(d.ID)
+	in := intent{Op: newOpID(time.Now()), Kind: intentCreate, ID: id, Disk: &d}
+	done, err := c.s.jrnl.log(in, leave)
+	if err != nil {
+		return cloud.Operation{}, ioFailure("journal the create", err)
+	}
+	c.s.hit(crash.LocalCreateLogged)
+	what, err := c.s.placeRecord(hash, d, false)
+	if err != nil {
+		c.s.jrnl.abort(in.Op)
+	}
+	done()
+	if err != nil {
 		var op cloud.Operation
-		err = c.recordedFailure(&op, cloud.OpCreate, diskID(d.ID), "", started, ioFailure(what, err))
+		err = c.recordedFailure(&op, cloud.OpCreate, id, "", started, ioFailure(what, err))
 		return op, err
 	}
-	return c.record(cloud.OpCreate, diskID(d.ID), "", started, &d, nil)
+	return c.record(cloud.OpCreate, id, "", started, &d, nil)
 }
 
-// placeRecord writes the record of new disk d whole and durably under a
-// temporary name (recordFile), enters it under its name in the name index
-// (durably), then renames it into place, which makes the disk exist. On
-// failure it says what failed and leaves no temporary name. The caller
-// holds the locks of the disk's name and its id.
-func (s *state) placeRecord(hash string, d cloud.Disk) (string, error) {
-	tmp, err := s.recordFile(d)
+// placeRecord writes the record of new disk d whole under a temporary
+// name (recordFile), enters it under its name in the name index, then
+// renames it into place, which makes the disk exist. durable: each step
+// is durable before the next (a clone's); else the create's intent is
+// journaled, which the first Open after a crash of the machine replays
+// (journal.go). On failure it says what failed and leaves no temporary
+// name. The caller holds the locks of the disk's name and its id.
+func (s *state) placeRecord(hash string, d cloud.Disk, durable bool) (string, error) {
+	tmp, err := s.recordFile(d, durable)
 	if err != nil {
 		return "write disk record", err
 	}
-	if err := s.name(hash, tmp); err != nil {
+	if err := s.name(hash, tmp, durable); err != nil {
 		_ = os.Remove(tmp)
 		return "index the disk's name", err
 	}
@@ -151,8 +168,10 @@ func (s *state) placeRecord(hash string, d cloud.Disk) (string, error) {
 		_ = os.Remove(tmp)
 		return "write disk record", err
 	}
-	if err := s.syncDir(s.disks); err != nil {
-		return "write disk record", err
+	if durable {
+		if err := s.syncDir(s.disks); err != nil {
+			return "write disk record", err
+		}
 	}
 	s.hit(crash.LocalCreateRecorded)
 	return "", nil
@@ -208,6 +227,8 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 	if !ok {
 		return cloud.Operation{}, invalidDiskID(diskIDStr)
 	}
+	leave := c.s.jrnl.arrive()
+	defer leave()
 	started := c.opts.now()
 	d, err := c.s.readDisk(id)
 	if errors.Is(err, cloud.ErrNotFound) {
@@ -231,20 +252,27 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 		if d.AttachedTo != "" {
 			return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
 		}
+		in := intent{Op: newOpID(time.Now()), Kind: intentDelete, ID: id, Name: hash}
+		done, err := c.s.jrnl.log(in, leave)
+		if err != nil {
+			return ioFailure("journal the delete", err)
+		}
+		defer done()
+		c.s.hit(crash.LocalDeleteLogged)
 		// The record leaves its place for a temporary name, from which
 		// it becomes a spare.
 		retired := tempPath(c.s.disks, string(id)+recSuffix)
 		if err := os.Rename(c.s.recordPath(id), retired); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
-		}
-		if err := c.s.syncDir(c.s.disks); err != nil {
+			c.s.jrnl.abort(in.Op)
 			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
 		}
 		c.s.hit(crash.LocalDeleteRemoved)
 		// The disk is gone with its record. What is left if these fail
-		// is found stale and removed later.
+		// is found stale and removed later. The file becomes a spare at
+		// once: a crash of the machine that brings back its name entry or
+		// its place replays the delete, which removes them (journal.go).
 		_ = c.s.unname(hash, id)
-		c.s.spares.retire(retired, true)
+		c.s.spares.retire(retired)
 		_ = os.Remove(c.s.imagePath(id))
 		op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
 		return err

@@ -110,26 +110,32 @@ func openNoEINTR(path string, flags int) (int, error) {
 }
 
 // name links the new disk's record, written whole at path (a temporary
-// name), under hash in the name index, durable before the record is in
-// place (syncEarlier). The caller holds the name's lock and has removed
-// any stale entry.
-func (s *state) name(hash, path string) error {
+// name), under hash in the name index; durable: before the record is in
+// place (syncEarlier), else a journaled create's (journal.go). The caller
+// holds the name's lock and has removed any stale entry.
+func (s *state) name(hash, path string, durable bool) error {
 	if err := os.Link(path, s.namePath(hash)); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return s.syncEarlier(s.names)
 }
 
 // unname removes the entry of hash if it points to id; its file becomes a
 // spare once it is no record either (spare.go). The caller holds the
-// name's lock. The removal is not made durable: an entry that comes back
-// after a crash of the machine is stale, and treated so.
+// name's lock and has journaled the delete. The removal is not made
+// durable: an entry that comes back after a crash of the machine is
+// removed by the delete's replay.
 func (s *state) unname(hash string, id diskID) error {
 	got, ok, err := s.named(hash)
 	if err != nil || !ok || got != id {
 		return err
 	}
-	s.spares.retire(s.namePath(hash), true)
+	// No cooling (spare.go): the delete is journaled, and the replay
+	// of its intent removes an entry that comes back (journal.go).
+	s.spares.retire(s.namePath(hash))
 	return nil
 }
 

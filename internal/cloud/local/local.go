@@ -12,10 +12,12 @@
 // attachments: see locks.go), so that independent disks never wait on each
 // other. Every file that must survive a crash of the machine is written
 // crash-safely (whole under a temporary name, fsynced, then linked or
-// renamed into place and its directory fsynced: newfile.go), and a disk
-// exists only once its record is in place: a crash never leaves a
-// half-created disk that looks whole, and Open removes what a crash left
-// behind. Record files are recycled rather than freed (spare.go). Two indexes (index.go) find a disk by name and count a node's
+// renamed into place and its directory fsynced: newfile.go), except what
+// creates and deletes write: they journal their intent first, sharing one
+// fdatasync among concurrent calls, and the first Open after a crash of
+// the machine replays the journals (journal.go). A disk exists only once
+// its record is in place: a crash never leaves a half-created disk that
+// looks whole, and Open removes what a crash left behind. Record files are recycled rather than freed (spare.go). Two indexes (index.go) find a disk by name and count a node's
 // disks without reading every record, so an operation costs the same with
 // ten disks or ten thousand.
 //
@@ -84,6 +86,10 @@ type Options struct {
 	opsPerLog int
 	// crash is called at named points of the mutating paths (crash tests).
 	crash func(point string)
+	// bootID stands for this boot's id (tests: a crash of the machine).
+	bootID string
+	// journalIntents is how many intents a journal file takes (tests).
+	journalIntents int
 }
 
 // DefaultZone is the zone when Options.Zone is empty.
@@ -129,6 +135,12 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 		return nil, err
 	}
 	s.crash = opts.crash
+	if opts.bootID != "" {
+		s.boot, s.jrnl.boot = opts.bootID, opts.bootID
+	}
+	if opts.journalIntents > 0 {
+		s.jrnl.limit = opts.journalIntents
+	}
 	s.oplog.perLog = opts.opsPerLog
 	if s.oplog.perLog <= 0 {
 		s.oplog.perLog = defaultOpsPerLog
@@ -141,6 +153,11 @@ func Open(ctx context.Context, dir string, opts Options) (*Cloud, error) {
 		if f, err = openUnnamed(s.disks); err == nil {
 			f.Close()
 		}
+	}
+	if err == nil {
+		// Journals of killed processes of this boot: a crash of the
+		// machine no longer needs them (journal.go).
+		err = s.settleJournals()
 	}
 	if err == nil {
 		err = c.openSnapshots()

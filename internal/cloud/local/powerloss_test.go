@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +25,8 @@ import (
 // nothing the kernel still held in memory. e2fsck repairs the copy as it
 // would at the next boot, and the state directory on it must hold every
 // disk created and not deleted (found again by its name, with its tags),
-// the image of each attached disk, and none of the deleted disks.
+// the image of each attached disk, and none of the deleted disks, once
+// the first Open of the next boot has replayed the journals (journal.go).
 func TestMachineCrashKeepsWhatReturned(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
@@ -33,7 +35,8 @@ func TestMachineCrashKeepsWhatReturned(t *testing.T) {
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("the file system's image: %v", err)
 	}
-	c := open(t, filepath.Join(mnt, "state"), Options{})
+	// A journal file takes 16 intents: the calls below cross checkpoints.
+	c := open(t, filepath.Join(mnt, "state"), Options{journalIntents: 16})
 	if c.s.orderedMeta {
 		t.Fatal("an ext4 without a journal is taken for one that orders its metadata")
 	}
@@ -85,6 +88,39 @@ func TestMachineCrashKeepsWhatReturned(t *testing.T) {
 		}
 	}
 
+	// Creates and deletes at once, as csid's engine makes them: they
+	// share the journal's commits and recycle each other's record files.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 6 {
+				name := fmt.Sprintf("par-%d-%d", w, i)
+				op, err := c.CreateDisk(ctx, cloud.DiskSpec{Name: name, SizeBytes: 8 * mib})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if i%2 == 0 {
+					if _, err := c.DeleteDisk(ctx, op.DiskID); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				mu.Lock()
+				if i%2 == 0 {
+					deleted[name] = op.DiskID
+				} else {
+					live[name] = want{id: op.DiskID, size: 8 * mib}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+
 	// A snapshot of each attached disk, with data, and a disk made from
 	// each: copies made unnamed, then named (linkFile).
 	snaps, clones := map[string]string{}, map[string]int64{}
@@ -92,9 +128,7 @@ func TestMachineCrashKeepsWhatReturned(t *testing.T) {
 		if !w.attached {
 			continue
 		}
-		if err := os.WriteFile(c.s.imagePath(diskID(w.id)), []byte("data of "+name), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeImage(t, c, w.id, 0, []byte("data of "+name))
 		op, err := c.CreateSnapshot(ctx, cloud.SnapshotSpec{Name: "snap-" + name, SourceDiskID: w.id})
 		if err == nil {
 			_, err = c.WaitOperation(ctx, op.ID)
@@ -143,8 +177,10 @@ func TestMachineCrashKeepsWhatReturned(t *testing.T) {
 	})
 
 	dir := filepath.Join(after, "state")
+	// The next boot: its first Open replays the journals the crashed one
+	// left (another boot's id is what tells it).
+	c2 := open(t, dir, Options{bootID: "the next boot"})
 	checkInvariants(t, dir)
-	c2 := open(t, dir, Options{})
 	for name, w := range live {
 		d, err := c2.GetDisk(ctx, w.id)
 		if err != nil {

@@ -21,18 +21,12 @@ import (
 // blocks and its inode are on the device already, so that makes one write
 // of data durable, and no inode is allocated or freed.
 //
-// A file becomes a spare only once every name it had is durably gone:
-// rewritten as another disk's record while a name it had could come back
-// after a crash of the machine, it would make that name lie
-// (TestMachineCrashKeepsWhatReturned). A record's removal from the disks
-// directory is fsynced by the operation that removes it; a name entry's
-// removal is not (see unname), so a spare that was a name entry cools: it
-// waits for an fsync of the name index that begins after its removal (on
-// a file system that orders its metadata, of the disks directory too).
-// Every create makes one, and spares are taken oldest first, from a queue
-// at least minSpares long (a create that finds a shorter one makes a new
-// file instead), so that the oldest has cooled by the time it is taken
-// and no create waits for it.
+// A spare may be a deleted disk's record, or its name entry's file, whose
+// removal is not durable yet: after a crash of the machine that name could
+// come back and name the disk the spare now holds. The delete's intent is
+// journaled, and its replay removes such a name (journal.go); until the
+// journal, a spare that had been a name entry waited for an fsync of the
+// name index before it was taken.
 //
 // A spare is taken by renaming it to the temporary name of the record it
 // becomes, which another process taking the same spare cannot also do;
@@ -43,35 +37,15 @@ import (
 // files it retires are removed.
 const (
 	spareDir  = "spare"
-	minSpares = 4
 	maxSpares = 1024
 )
 
 // spares are the spare record files this process may take, oldest first.
 type spares struct {
 	dir string
-	// names and disks are the dirSyncers of the name index and the disks
-	// directory; ordered says the file system orders its metadata (any
-	// fsync makes every earlier change durable).
-	names, disks func() *dirSyncer
-	ordered      bool
 
 	mu    sync.Mutex
-	queue []spare
-}
-
-// spare is a spare record file. One that was a name entry may be taken
-// once the name index's fsync round names has succeeded (or, on a file
-// system that orders its metadata, the disks directory's round disks).
-type spare struct {
-	name         string
-	named        bool
-	names, disks uint64
-}
-
-// cooled reports whether sp may be taken.
-func (p *spares) cooled(sp spare) bool {
-	return !sp.named || p.names().succeeded(sp.names) || (p.ordered && p.disks().succeeded(sp.disks))
+	queue []string // names in dir
 }
 
 // loadSpares makes the spares in the directory this process's to take,
@@ -87,7 +61,7 @@ func (s *state) loadSpares() error {
 	return s.spares.load()
 }
 
-// load lists the spares in the directory, up to maxSpares, all cooled.
+// load lists the spares in the directory, up to maxSpares.
 func (p *spares) load() error {
 	entries, err := os.ReadDir(p.dir)
 	if err != nil {
@@ -101,27 +75,23 @@ func (p *spares) load() error {
 			break
 		}
 		if e.Type().IsRegular() {
-			p.queue = append(p.queue, spare{name: e.Name()})
+			p.queue = append(p.queue, e.Name())
 		}
 	}
 	return nil
 }
 
-// next returns the oldest spare, removed from the queue, if it may be
-// taken. One still cooling stays first; cooling says so, unless the queue
-// is shorter than minSpares. ok is false when there is none to take.
-func (p *spares) next() (sp spare, cooling, ok bool) {
+// next returns the oldest spare, removed from the queue; ok is false when
+// there is none.
+func (p *spares) next() (name string, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.queue) == 0 {
-		return spare{}, false, false
+		return "", false
 	}
-	sp = p.queue[0]
-	if !p.cooled(sp) {
-		return sp, len(p.queue) >= minSpares, false
-	}
+	name = p.queue[0]
 	p.queue = p.queue[1:]
-	return sp, false, true
+	return name, true
 }
 
 // take renames the oldest spare to path and returns its descriptor, open
@@ -129,20 +99,12 @@ func (p *spares) next() (sp spare, cooling, ok bool) {
 // another process took first is passed over; one with another link (see
 // above) is given up (its spare name removed).
 func (p *spares) take(path string) (fd int, size int64, err error) {
-	waited := false
 	for {
-		sp, cooling, ok := p.next()
-		if !ok && cooling && !waited {
-			// Enough spares, the oldest not cooled yet: wait for it,
-			// once (a failed fsync leaves it cooling: a new file then).
-			waited = true
-			_ = p.names().syncThrough(sp.names)
-			continue
-		}
+		name, ok := p.next()
 		if !ok {
 			return -1, 0, nil
 		}
-		err := renameNoReplace(dirPath(p.dir, sp.name), path)
+		err := renameNoReplace(dirPath(p.dir, name), path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // another process took it
 		}
@@ -169,15 +131,15 @@ func (p *spares) take(path string) (fd int, size int64, err error) {
 
 // retire makes the file at path a spare if it has no other link and the
 // process keeps fewer than maxSpares, and removes the name path otherwise.
-// named says that the file was a name entry until now: it cools before it
-// may be taken (see above). Best effort: a file left at path is a
-// temporary name that Open removes.
-func (p *spares) retire(path string, named bool) {
+// Best effort: a file left at path is a temporary name that Open removes.
+func (p *spares) retire(path string) {
 	var st unix.Stat_t
 	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1 {
 		if name, ok := p.reserve(); ok {
 			if renameNoReplace(path, dirPath(p.dir, name)) == nil {
-				p.add(spare{name: name, named: named})
+				p.mu.Lock()
+				p.queue = append(p.queue, name)
+				p.mu.Unlock()
 				return
 			}
 		}
@@ -197,15 +159,4 @@ func (p *spares) reserve() (string, bool) {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
 	return hex.EncodeToString(b[:]), true
-}
-
-// add queues sp, with the tickets of the fsyncs it waits for if it was a
-// name entry: the rounds that begin after now.
-func (p *spares) add(sp spare) {
-	if sp.named {
-		sp.names, sp.disks = p.names().ticket(), p.disks().ticket()
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.queue = append(p.queue, sp)
 }

@@ -32,7 +32,7 @@ func TestDeletedRecordsAreRecycled(t *testing.T) {
 	ctx := context.Background()
 	c := open(t, newDir(t), Options{})
 	var disks []cloud.Disk
-	for i := range minSpares + 1 {
+	for i := range 5 {
 		disks = append(disks, create(t, c, fmt.Sprintf("pvc-%d", i), 8*mib))
 	}
 	var deleted []uint64
@@ -102,44 +102,6 @@ func TestSpareWithAnotherLinkIsLeftAlone(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dir, spareDir, "0123456789abcdef")); !os.IsNotExist(err) {
 		t.Fatalf("the spare name of the live record: %v, want it removed", err)
-	}
-}
-
-// A spare that was a name entry is not taken before the name index's
-// removal of it is durable: an fsync of the names directory that began
-// after the removal (spare.go). With fewer than minSpares queued, a
-// create does not wait for it (it makes a new file); with more, it waits
-// for that fsync, making it if need be.
-func TestNamedSpareCoolsUntilTheNameIndexIsSynced(t *testing.T) {
-	c := open(t, newDir(t), Options{})
-	p := c.s.spares
-	retire := func() {
-		t.Helper()
-		path := tempPath(c.s.disks, "disk-0000000000000001"+recSuffix)
-		if err := os.WriteFile(path, []byte("{}"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		p.retire(path, true)
-	}
-	retire()
-	if _, cooling, ok := p.next(); ok || cooling {
-		t.Fatalf("a spare queued alone before the name index was synced: ok %v, wait for it %v; want neither", ok, cooling)
-	}
-	for range minSpares - 1 {
-		retire()
-	}
-	if _, cooling, ok := p.next(); ok || !cooling {
-		t.Fatalf("%d spares queued before the name index was synced: ok %v, wait %v; want to wait", minSpares, ok, cooling)
-	}
-	names := p.names()
-	before := names.ticket()
-	fd, _, err := p.take(tempPath(c.s.disks, "disk-0000000000000002"+recSuffix))
-	if err != nil || fd < 0 {
-		t.Fatalf("take: %d, %v; want a spare", fd, err)
-	}
-	unix.Close(fd)
-	if !names.succeeded(before) {
-		t.Fatal("a cooling spare was taken without an fsync of the name index")
 	}
 }
 

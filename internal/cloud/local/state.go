@@ -37,6 +37,7 @@ import (
 //	                        the attachment index: an empty file per disk
 //	                        attached to the node
 //	ops/<op-id>.log         operation logs (oplog.go)
+//	journal/<op-id>.wal     the journals of creates and deletes (journal.go)
 //	snapshots/, snapnames/, frozen/
 //	                        snapshots, their name index, and freezes in
 //	                        progress (snapshot.go)
@@ -56,6 +57,7 @@ const (
 	disksDir    = "disks"
 	namesDir    = "names"
 	attachedDir = "attached"
+	// journalDir: see journal.go.
 	opsDir      = "ops"
 	tmpPrefix   = ".tmp-"
 	imageSuffix = ".img"
@@ -122,10 +124,13 @@ type state struct {
 	names    string
 	attached string
 	ops      string
+	journal  string
+	boot     string // this boot's id (journal.go)
 	spares   *spares
 	lockF    *os.File
 	locks    *locks
 	oplog    *opLog // nil when only reading (Inspector)
+	jrnl     *journal
 	// orderedMeta: the file system makes metadata changes durable in
 	// the order they were made (see syncEarlier).
 	orderedMeta bool
@@ -161,17 +166,21 @@ func openState(dir string) (*state, error) {
 	}
 	s.locks = newLocks(s.lockF)
 	s.oplog = newOpLog(s.ops, 0)
+	if s.boot, err = bootID(); err != nil {
+		s.lockF.Close()
+		return nil, fmt.Errorf("local cloud: %w", err)
+	}
+	s.jrnl = &journal{dir: s.journal, boot: s.boot, syncfs: s.syncfs, idle: journalIdle, limit: journalIntents}
 	if s.orderedMeta, err = ordersMetadata(s.disks); err != nil {
 		s.lockF.Close()
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
-	s.spares.ordered = s.orderedMeta
 	return s, nil
 }
 
 // makeDirs makes the state directory's subdirectories (mkdirsDurable).
 func (s *state) makeDirs() error {
-	return s.mkdirsDurable(s.disks, s.names, s.attached, s.ops, s.spares.dir)
+	return s.mkdirsDurable(s.disks, s.names, s.attached, s.ops, s.journal, s.spares.dir)
 }
 
 // mkdirsDurable makes the missing ones of dirs, subdirectories of the
@@ -212,12 +221,9 @@ func newState(abs string) *state {
 		names:    filepath.Join(abs, namesDir),
 		attached: filepath.Join(abs, attachedDir),
 		ops:      filepath.Join(abs, opsDir),
+		journal:  filepath.Join(abs, journalDir),
 	}
-	s.spares = &spares{
-		dir:   filepath.Join(abs, spareDir),
-		names: func() *dirSyncer { return s.syncer(s.names) },
-		disks: func() *dirSyncer { return s.syncer(s.disks) },
-	}
+	s.spares = &spares{dir: filepath.Join(abs, spareDir)}
 	return s
 }
 
@@ -225,8 +231,11 @@ func newState(abs string) *state {
 // lock and every key lock with it.
 func (s *state) close() error {
 	var err error
+	if s.jrnl != nil {
+		err = s.jrnl.close()
+	}
 	if s.oplog != nil {
-		err = s.oplog.close()
+		err = errors.Join(err, s.oplog.close())
 	}
 	s.syncersMu.Lock()
 	for _, d := range s.syncers {
@@ -291,9 +300,11 @@ func (s *state) open(ctx context.Context) error {
 		}
 		err := readFormat(s.dir)
 		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, errFormat1) {
+			replay, err := s.mustReplay()
+			if err != nil || !replay {
+				return err
+			}
+		} else if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, errFormat1) {
 			return err
 		}
 		if err := unix.Flock(int(s.lockF.Fd()), unix.LOCK_UN); err != nil {
@@ -322,12 +333,13 @@ func (s *state) open(ctx context.Context) error {
 }
 
 // upgrade writes the format marker of a new directory, or migrates one of
-// layout 1. The caller holds the layout lock exclusively.
+// layout 1, and replays the journals of an earlier boot (journal.go). The
+// caller holds the layout lock exclusively.
 func (s *state) upgrade() error {
 	err := readFormat(s.dir)
 	switch {
 	case err == nil:
-		return nil
+		return s.replayJournals()
 	case errors.Is(err, errFormat1):
 		if err := s.migrate(); err != nil {
 			return fmt.Errorf("migrate from layout 1: %w", err)
@@ -399,10 +411,10 @@ func (s *state) readDisk(id diskID) (cloud.Disk, error) {
 }
 
 // recordFile writes the record of disk d into a file under a temporary
-// name in the disks directory (tempPath), durably, and returns that name:
-// a spare rewritten in place and fdatasynced, or, when there is none to
-// take, a new file fsynced (spare.go).
-func (s *state) recordFile(d cloud.Disk) (string, error) {
+// name in the disks directory (tempPath), and returns that name: a spare
+// rewritten in place, or, when there is none to take, a new file
+// (spare.go); durable: fdatasynced (a spare), fsynced (a new file).
+func (s *state) recordFile(d cloud.Disk, durable bool) (string, error) {
 	raw, err := json.Marshal(diskRecord{Version: recordVersion, Disk: d})
 	if err != nil {
 		return "", err
@@ -422,7 +434,9 @@ func (s *state) recordFile(d cloud.Disk) (string, error) {
 	if err == nil && size > int64(len(raw)) {
 		err = unix.Ftruncate(fd, int64(len(raw)))
 	}
-	if err == nil && reused {
+	if err == nil && !durable {
+		// A journaled create's (journal.go).
+	} else if err == nil && reused {
 		// The spare's inode and blocks are on the device: its new
 		// content and size are all there is to make durable.
 		err = unix.Fdatasync(fd)
@@ -469,7 +483,7 @@ func (s *state) readExisting(id diskID) (cloud.Disk, error) {
 // becomes a spare once no longer in place (unless it is the disk's name
 // entry too). The caller holds the disk's lock.
 func (s *state) writeDisk(d cloud.Disk) error {
-	tmp, err := s.recordFile(d)
+	tmp, err := s.recordFile(d, true)
 	if err != nil {
 		return err
 	}
@@ -491,7 +505,7 @@ func (s *state) writeDisk(d cloud.Disk) error {
 		return err // the old record's name may come back: it is no spare
 	}
 	if old != "" {
-		s.spares.retire(old, false)
+		s.spares.retire(old)
 	}
 	return nil
 }
