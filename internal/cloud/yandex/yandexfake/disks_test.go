@@ -129,10 +129,9 @@ func TestQuota(t *testing.T) {
 
 func TestListFilterAndPages(t *testing.T) {
 	c := start(t, yandexfake.Options{})
-	var want []string
+	// Ids grow with each disk created: the listing's order is this one.
 	for i, v := range []string{"a", "b", "a", "c", "a"} {
-		d := c.createDisk(t, &compute.CreateDiskRequest{Name: fmt.Sprintf("d-%d", i), Labels: map[string]string{"k": v, "csid.io/v": "1"}})
-		want = append(want, d.Id)
+		c.createDisk(t, &compute.CreateDiskRequest{Name: fmt.Sprintf("d-%d", i), Labels: map[string]string{"k": v, "csid.io/v": "1"}})
 	}
 	c.createDisk(t, &compute.CreateDiskRequest{Name: "bare"})
 	names := func(filter string, pageSize int64) []string {

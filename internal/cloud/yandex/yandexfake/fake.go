@@ -194,6 +194,10 @@ func (f *Fake) Close() {
 	for _, s := range servers {
 		s.Close()
 	}
+	// A settle still running its node effects finishes first; none starts
+	// after (settle checks closed).
+	f.settleMu.Lock()
+	defer f.settleMu.Unlock()
 	for _, n := range nodes {
 		_ = n.close()
 	}

@@ -110,6 +110,10 @@ func (f *Fake) settle() {
 	defer f.settleMu.Unlock()
 	now := time.Now()
 	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return
+	}
 	var due []*opState
 	rest := f.pending[:0]
 	for _, op := range f.pending {

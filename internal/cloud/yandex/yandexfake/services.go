@@ -30,10 +30,7 @@ func (s endpointService) Get(_ context.Context, req *endpoint.GetApiEndpointRequ
 }
 
 // List lists every service's endpoint (one page).
-func (s endpointService) List(_ context.Context, req *endpoint.ListApiEndpointsRequest) (*endpoint.ListApiEndpointsResponse, error) {
-	if req.GetPageToken() != "" {
-		return nil, status.Errorf(codes.InvalidArgument, "page_token %q is malformed", req.GetPageToken())
-	}
+func (s endpointService) List(context.Context, *endpoint.ListApiEndpointsRequest) (*endpoint.ListApiEndpointsResponse, error) {
 	resp := &endpoint.ListApiEndpointsResponse{}
 	for _, id := range ServiceIDs {
 		resp.Endpoints = append(resp.Endpoints, &endpoint.ApiEndpoint{Id: id, Address: s.f.addr})
