@@ -31,8 +31,17 @@ func TestCloseLeaksNothing(t *testing.T) {
 		for len(c.fake.Calls(yandexfake.MethodZoneList)) == 0 {
 			runtime.Gosched()
 		}
-		c.fake.Close()
-		c.fake.Close() // twice is fine
+		closed := make(chan struct{})
+		go func() {
+			defer close(closed)
+			c.fake.Close()
+			c.fake.Close() // twice is fine
+		}()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close did not return")
+		}
 		select {
 		case err := <-errc:
 			if code := status.Code(err); code != codes.Unavailable && code != codes.Canceled {
