@@ -101,5 +101,19 @@
 // the instance metadata (id, zone, the service account's token) as the
 // Yandex metadata service does, in its GCE-compatible form.
 //
+// # Notes for clients (what the fake taught about the SDK)
+//
+//   - go-sdk v0.33.0 (the last v1) builds against go-genproto up to
+//     v0.117.0, not v0.121.0 and later; go.mod pins v0.117.0.
+//   - ycsdk.Build with Config{Endpoint: f.Endpoint(), Plaintext: true} talks
+//     to the fake; endpoint discovery happens at the first call, and a
+//     failure of it is kept by the SDK for the life of the SDK value (so a
+//     Throttle of "" leaves discovery and IAM alone).
+//   - The SDK's Operation.Wait polls every second; WaitInterval polls
+//     faster. The SDK refreshes its IAM token only when the token's
+//     expires_at has passed, not on Unauthenticated.
+//   - ycsdk.InstanceServiceAccount reads the metadata service's address
+//     (host:port) from YC_METADATA_ADDR; MetadataServer serves it.
+//
 // A Fake is safe for concurrent use.
 package yandexfake

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,5 +80,29 @@ func TestSDK(t *testing.T) {
 	}
 	if exchanges != 1 || bearer == 0 {
 		t.Fatalf("token exchanges %d, calls with a token %d", exchanges, bearer)
+	}
+}
+
+// TestSDKInstanceServiceAccount: the SDK's instance credentials take their
+// token from the fake metadata service (YC_METADATA_ADDR) and the API
+// accepts it.
+func TestSDKInstanceServiceAccount(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f, err := yandexfake.Start(ctx, yandexfake.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	md := f.MetadataServer("vm-1", "ru-central1-a", f.FolderID())
+	t.Setenv(ycsdk.InstanceMetadataOverrideEnvVar, strings.TrimPrefix(md.URL, "http://"))
+	sdk, err := ycsdk.Build(ctx, ycsdk.Config{Credentials: ycsdk.InstanceServiceAccount(), Endpoint: f.Endpoint(), Plaintext: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sdk.Shutdown(context.Background())
+	zones, err := sdk.Compute().Zone().List(ctx, &compute.ListZonesRequest{})
+	if err != nil || len(zones.Zones) != len(f.Zones()) {
+		t.Fatalf("zones through the SDK with the instance's token: %v %v", zones, err)
 	}
 }
