@@ -320,6 +320,23 @@ func mutable(d *diskState) error {
 	return nil
 }
 
+// mutableDisk returns the operation an earlier call of method with the
+// same idempotency key started, or else the disk id names if it can start
+// an operation. Callers hold f.mu.
+func (f *Fake) mutableDisk(ctx context.Context, method, id string) (*diskState, *operation.Operation, error) {
+	if op := f.idempotent(ctx, method); op != nil {
+		return nil, op, nil
+	}
+	d, err := f.disk(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := mutable(d); err != nil {
+		return nil, nil, err
+	}
+	return d, nil, nil
+}
+
 // Delete starts deleting a disk that is not attached.
 func (s diskService) Delete(ctx context.Context, req *compute.DeleteDiskRequest) (*operation.Operation, error) {
 	f := s.f
@@ -328,15 +345,9 @@ func (s diskService) Delete(ctx context.Context, req *compute.DeleteDiskRequest)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if op := f.idempotent(ctx, MethodDiskDelete); op != nil {
-		return op, nil
-	}
-	d, err := f.disk(req.GetDiskId())
-	if err != nil {
-		return nil, err
-	}
-	if err := mutable(d); err != nil {
-		return nil, err
+	d, op, err := f.mutableDisk(ctx, MethodDiskDelete, req.GetDiskId())
+	if op != nil || err != nil {
+		return op, err
 	}
 	if len(d.pb.InstanceIds) > 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "disk %s is attached to instance %s", d.pb.Id, d.pb.InstanceIds[0])
@@ -383,15 +394,9 @@ func (s diskService) Update(ctx context.Context, req *compute.UpdateDiskRequest)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if op := f.idempotent(ctx, MethodDiskUpdate); op != nil {
-		return op, nil
-	}
-	d, err := f.disk(req.GetDiskId())
-	if err != nil {
-		return nil, err
-	}
-	if err := mutable(d); err != nil {
-		return nil, err
+	d, op, err := f.mutableDisk(ctx, MethodDiskUpdate, req.GetDiskId())
+	if op != nil || err != nil {
+		return op, err
 	}
 	u, err := f.planUpdate(d, req, paths)
 	if err != nil {

@@ -122,20 +122,11 @@ func (n *LoopNode) attach(ctx context.Context, diskID, deviceName string, size i
 			return fmt.Errorf("move the image of %s here: %w", diskID, err)
 		}
 	}
-	file, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	file, fi, err := openImage(img, size, os.O_CREATE)
 	if err != nil {
 		return err
 	}
 	defer file.Close()
-	fi, err := file.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.Size() < size {
-		if err := file.Truncate(size); err != nil {
-			return err
-		}
-	}
 	id, err := loopdev.IDOf(fi)
 	if err != nil {
 		return err
@@ -155,6 +146,26 @@ func (n *LoopNode) attach(ctx context.Context, diskID, deviceName string, size i
 	n.devices[diskID] = binding{path: dev.Path, file: id, link: link}
 	n.mu.Unlock()
 	return nil
+}
+
+// openImage opens a disk's image (never through a symbolic link), making
+// it with flag os.O_CREATE, and grows it to size when it is smaller.
+func openImage(path string, size int64, flag int) (*os.File, os.FileInfo, error) {
+	file, err := os.OpenFile(path, os.O_RDWR|flag|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := file.Stat()
+	if err == nil && fi.Size() < size {
+		if err = file.Truncate(size); err == nil {
+			fi, err = file.Stat()
+		}
+	}
+	if err != nil {
+		file.Close()
+		return nil, nil, err
+	}
+	return file, fi, nil
 }
 
 // removeLink removes a symbolic link; anything else at path is an error.
@@ -290,20 +301,11 @@ func (f *Fake) imageGrown(diskID string, size int64, attachedTo string) []effect
 		if path == "" {
 			return nil
 		}
-		file, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		file, _, err := openImage(path, size, 0)
 		if err != nil {
 			return err
 		}
-		defer file.Close()
-		fi, err := file.Stat()
-		if err != nil {
-			return err
-		}
-		if fi.Size() < size {
-			if err := file.Truncate(size); err != nil {
-				return err
-			}
-		}
+		file.Close()
 		if node != nil && attachedTo != "" {
 			return node.resize(ctx, diskID)
 		}
