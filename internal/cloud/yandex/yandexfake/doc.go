@@ -84,8 +84,9 @@
 //
 // Knobs name a method by its full gRPC name (the Method* constants):
 // SetLatency delays calls before they are handled; FailCalls fails the next
-// n calls with a code; FailOperations lets the next n operations of a
-// method start and then fail; Throttle answers ResourceExhausted (or
+// n calls with a code; DropReplies lets the next n calls act and then
+// lose their reply; FailOperations lets the next n operations of a method
+// start and then fail; Throttle answers ResourceExhausted (or
 // another code) for n calls or for a while; SetOperationDelay,
 // HoldOperations and ReleaseOperations pace operations; SetQuota,
 // SetTokenTTL and SetGrowAttached change the rules. Calls reports when

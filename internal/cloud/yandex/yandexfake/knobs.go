@@ -91,6 +91,7 @@ type knobs struct {
 	mu        sync.Mutex
 	latency   map[string]time.Duration
 	fails     map[string]*failure
+	drops     map[string]*failure
 	opFails   map[string]*failure
 	throttles []*throttle
 	calls     map[string][]time.Time
@@ -104,6 +105,7 @@ func newKnobs(opDelay time.Duration) knobs {
 	return knobs{
 		latency: map[string]time.Duration{},
 		fails:   map[string]*failure{},
+		drops:   map[string]*failure{},
 		opFails: map[string]*failure{},
 		calls:   map[string][]time.Time{},
 		held:    map[string]bool{},
@@ -133,6 +135,36 @@ func (f *Fake) FailCalls(method string, code codes.Code, n int) {
 		return
 	}
 	f.knobs.fails[method] = &failure{code: code, n: n}
+}
+
+// DropReplies makes the next n calls of method do their work and then
+// lose the reply: the client gets Unavailable, as when the connection
+// breaks after the API has acted (a mutation's operation runs on). n <= 0
+// clears it.
+func (f *Fake) DropReplies(method string, n int) {
+	f.knobs.mu.Lock()
+	defer f.knobs.mu.Unlock()
+	if n <= 0 {
+		delete(f.knobs.drops, method)
+		return
+	}
+	f.knobs.drops[method] = &failure{code: codes.Unavailable, n: n}
+}
+
+// dropReply consumes one DropReplies of method; it reports whether the
+// reply is lost.
+func (f *Fake) dropReply(method string) bool {
+	f.knobs.mu.Lock()
+	defer f.knobs.mu.Unlock()
+	d := f.knobs.drops[method]
+	if d == nil {
+		return false
+	}
+	d.n--
+	if d.n <= 0 {
+		delete(f.knobs.drops, method)
+	}
+	return true
 }
 
 // FailOperations makes the operations of the next n calls of method (a
@@ -306,7 +338,11 @@ func (f *Fake) intercept(ctx context.Context, req any, info *grpc.UnaryServerInf
 	if err := f.fault(method); err != nil {
 		return nil, err
 	}
-	return handler(ctx, req)
+	resp, err := handler(ctx, req)
+	if err == nil && f.dropReply(method) {
+		return nil, status.Errorf(codes.Unavailable, "injected: the reply of %s was lost", method)
+	}
+	return resp, err
 }
 
 func needsToken(method string) bool {

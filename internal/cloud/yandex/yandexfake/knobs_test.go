@@ -141,3 +141,19 @@ func TestSeen(t *testing.T) {
 		t.Fatalf("Calls(\"\") has %d calls, Seen %d", len(c.fake.Calls("")), len(seen))
 	}
 }
+
+// TestDropReplies: the call acts, the client gets Unavailable; the disk
+// its lost operation makes is found by name.
+func TestDropReplies(t *testing.T) {
+	c := start(t, yandexfake.Options{})
+	c.fake.DropReplies(yandexfake.MethodDiskCreate, 1)
+	req := &compute.CreateDiskRequest{FolderId: c.fake.FolderID(), Name: "lost-reply", ZoneId: "ru-central1-a", Size: 1 << 30}
+	_, err := c.disks.Create(c.ctx, req)
+	wantCode(t, "a create whose reply is lost", err, codes.Unavailable)
+	list, err := c.disks.List(c.ctx, &compute.ListDisksRequest{FolderId: c.fake.FolderID(), Filter: `name = "lost-reply"`})
+	if err != nil || len(list.Disks) != 1 {
+		t.Fatalf("the disk of a create whose reply was lost: %v %v", list, err)
+	}
+	_, err = c.disks.Create(c.ctx, req)
+	wantCode(t, "the create repeated", err, codes.AlreadyExists)
+}
