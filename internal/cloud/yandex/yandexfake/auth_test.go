@@ -70,6 +70,9 @@ func TestCallsNeedAToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantCode(t, "an expired token", get(metadata.AppendToOutgoingContext(bg, "authorization", "Bearer "+expired)), codes.Unauthenticated)
+	if n := len(c.fake.Calls(yandexfake.MethodZoneGet)); n != 5 {
+		t.Fatalf("Calls: %d, want 5 (refused calls count)", n)
+	}
 	// Endpoint discovery needs none.
 	resp, err := endpoint.NewApiEndpointServiceClient(c.conn).List(bg, &endpoint.ListApiEndpointsRequest{})
 	if err != nil {

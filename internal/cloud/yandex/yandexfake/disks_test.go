@@ -8,6 +8,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	"github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
@@ -59,8 +60,9 @@ func TestDiskLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if done := c.wait(t, op); done.GetError() != nil {
-		t.Fatal(done.GetError())
+	done := c.wait(t, op)
+	if done.GetError() != nil || !done.GetResponse().MessageIs(&emptypb.Empty{}) {
+		t.Fatalf("delete: %v", done.Result)
 	}
 	_, err = c.disks.Get(c.ctx, &compute.GetDiskRequest{DiskId: d.Id})
 	wantCode(t, "get of a deleted disk", err, codes.NotFound)

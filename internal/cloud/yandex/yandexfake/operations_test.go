@@ -45,6 +45,17 @@ func TestHoldOperations(t *testing.T) {
 	if done.Status != compute.Disk_READY {
 		t.Fatalf("disk created: %v", &done)
 	}
+
+	c.fake.HoldOperations()
+	del, err := c.disks.Delete(c.ctx, &compute.DeleteDiskRequest{DiskId: done.Id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := c.disks.Get(c.ctx, &compute.GetDiskRequest{DiskId: done.Id}); err != nil || d.Status != compute.Disk_DELETING {
+		t.Fatalf("disk being deleted: %v %v", d, err)
+	}
+	c.fake.ReleaseOperations()
+	c.wait(t, del)
 }
 
 func TestOperationDelay(t *testing.T) {
