@@ -98,7 +98,8 @@
 // instance appears as <dir>/by-id/virtio-<device name>, a link to a loop
 // device bound to the disk's image file <dir>/images/<disk id>. A disk's
 // image is its content: kept across detach, grown by a grow, moved to the
-// node it is attached to next, removed with the disk. MetadataServer serves
+// node it is attached to next, removed with the disk (Fake.ImagePath finds
+// it). MetadataServer serves
 // the instance metadata (id, zone, the service account's token) as the
 // Yandex metadata service does, in its GCE-compatible form.
 //

@@ -273,6 +273,19 @@ func (n *LoopNode) close() error {
 	return errors.Join(errs...)
 }
 
+// ImagePath returns the image file of a disk, on whichever loop node it
+// is (the disk's content, for tests that read it as a detached disk). A
+// disk never attached to a loop node has none: an error wrapping
+// fs.ErrNotExist.
+func (f *Fake) ImagePath(diskID string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p, ok := f.images[diskID]; ok {
+		return p, nil
+	}
+	return "", fmt.Errorf("disk %s has no image on a loop node: %w", diskID, fs.ErrNotExist)
+}
+
 // imageDeleted returns the effect of deleting a disk on its image: the
 // image is removed. Callers hold f.mu.
 func (f *Fake) imageDeleted(diskID string) []effect {

@@ -145,8 +145,14 @@ func TestLoopNode(t *testing.T) {
 		t.Fatalf("image after a grow: %v %v", fi, err)
 	}
 
+	if p, err := c.fake.ImagePath(d.Id); err != nil || p != a.ImagePath(d.Id) {
+		t.Fatalf("Fake.ImagePath while the image is on vm-a: %q %v", p, err)
+	}
 	c.attach(t, "vm-b", d.Id)
 	dev = device(t, b, d.Id)
+	if p, err := c.fake.ImagePath(d.Id); err != nil || p != b.ImagePath(d.Id) {
+		t.Fatalf("Fake.ImagePath after the disk moved to vm-b: %q %v", p, err)
+	}
 	if _, err := os.Stat(a.ImagePath(d.Id)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("the image stayed on vm-a after the disk moved: %v", err)
 	}
@@ -175,6 +181,9 @@ func TestLoopNode(t *testing.T) {
 	c.wait(t, op)
 	if _, err := os.Stat(b.ImagePath(d.Id)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("image after the disk's delete: %v", err)
+	}
+	if _, err := c.fake.ImagePath(d.Id); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Fake.ImagePath of a deleted disk: %v", err)
 	}
 }
 
