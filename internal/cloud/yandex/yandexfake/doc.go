@@ -44,7 +44,9 @@
 // What a mutation reserves (a disk's name, quota, an instance's slot) is
 // taken when it starts; what it changes is visible when it completes. A
 // disk with an operation in flight refuses other mutations with
-// FailedPrecondition, as the real API refuses to change a busy resource.
+// FailedPrecondition: a disk being created cannot be attached, nor one
+// being deleted; the fake extends that to every mutation, a choice (the
+// real API's rule for a busy disk is not documented).
 // A mutating call repeated with the same "idempotency-key" metadata
 // returns the first call's operation.
 //
@@ -54,14 +56,16 @@
 //     disk type, a name, label or size out of the API's documented rules,
 //     InvalidArgument; over the folder's quota (Options.Quota),
 //     ResourceExhausted with a google.rpc.QuotaFailure detail
-//     (subjects "compute.disks.count", "compute.disks.size").
+//     (subjects "compute.disks.count", "compute.disks.size"; the real
+//     quotas are per disk type, compute.hddDisks.size and the like).
 //   - Update: only the update_mask paths "labels" and "size" (and "name",
 //     "description"); an empty mask or another path, InvalidArgument.
 //     Labels are replaced as a whole. A smaller size, InvalidArgument; a
 //     larger size of a disk attached to an instance, FailedPrecondition
 //     (the disk cannot grow online) unless Options.GrowAttached.
 //   - Delete: an attached disk, FailedPrecondition.
-//   - List: folder_id must be the fake's folder; the filter grammar is
+//   - List: folder_id must be the fake's folder (another is
+//     PermissionDenied); the filter grammar is
 //     conditions joined by AND, each `name` or `labels.<key>` with `=`,
 //     `!=`, `IN (...)` or `NOT IN (...)` and quoted values; anything else is
 //     InvalidArgument. Pages are ordered by id; the page token is opaque.
