@@ -92,7 +92,8 @@
 // lose their reply; FailOperations lets the next n operations of a method
 // start and then fail; Throttle answers ResourceExhausted (or
 // another code) for n calls or for a while; SetOperationDelay,
-// HoldOperations and ReleaseOperations pace operations; SetQuota,
+// HoldOperations and ReleaseOperations pace operations; ForgetOperations
+// drops the finished ones; SetQuota,
 // SetTokenTTL and SetGrowAttached change the rules. Calls reports when
 // each call of a method arrived, Seen every request's metadata and body.
 //

@@ -181,6 +181,25 @@ func (f *Fake) finish(op *opState, resp proto.Message, effectErr error) {
 	}
 }
 
+// ForgetOperations drops every finished operation, as the API forgets
+// old ones: OperationService.Get of them is NotFound from now on (and
+// their idempotency keys start new operations). Operations in flight are
+// kept.
+func (f *Fake) ForgetOperations() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, op := range f.ops {
+		if op.pb.Done {
+			delete(f.ops, id)
+		}
+	}
+	for k, op := range f.idem {
+		if op.pb.Done {
+			delete(f.idem, k)
+		}
+	}
+}
+
 type operationService struct {
 	operation.UnimplementedOperationServiceServer
 	f *Fake

@@ -130,3 +130,29 @@ func TestOperationGet(t *testing.T) {
 	_, err = c.ops.Cancel(c.ctx, &operation.CancelOperationRequest{OperationId: "fhonosuchop000000000"})
 	wantCode(t, "cancel", err, codes.Unimplemented)
 }
+
+func TestForgetOperations(t *testing.T) {
+	c := start(t, yandexfake.Options{})
+	c.createDisk(t, &compute.CreateDiskRequest{Name: "kept"})
+	finished, err := c.disks.Create(c.ctx, &compute.CreateDiskRequest{FolderId: c.fake.FolderID(), ZoneId: "ru-central1-a", Size: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.wait(t, finished)
+	c.fake.HoldOperations()
+	running, err := c.disks.Create(c.ctx, &compute.CreateDiskRequest{FolderId: c.fake.FolderID(), ZoneId: "ru-central1-a", Size: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.fake.ForgetOperations()
+	_, err = c.ops.Get(c.ctx, &operation.GetOperationRequest{OperationId: finished.Id})
+	wantCode(t, "a forgotten operation", err, codes.NotFound)
+	c.fake.ReleaseOperations()
+	if done := c.wait(t, running); done.GetError() != nil {
+		t.Fatalf("an operation in flight at ForgetOperations: %v", done.GetError())
+	}
+	list, err := c.disks.List(c.ctx, &compute.ListDisksRequest{FolderId: c.fake.FolderID()})
+	if err != nil || len(list.Disks) != 3 {
+		t.Fatalf("disks after ForgetOperations: %v %v", list, err)
+	}
+}
