@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
+	iampb "github.com/yandex-cloud/go-genproto/yandex/cloud/iam/v1"
 	ycsdk "github.com/yandex-cloud/go-sdk"
 	"github.com/yandex-cloud/go-sdk/iamkey"
-	iampb "github.com/yandex-cloud/go-genproto/yandex/cloud/iam/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 

@@ -105,4 +105,3 @@ func throttled(err error) bool {
 	}
 	return false
 }
-
