@@ -81,10 +81,10 @@ func NewHost(o HostOptions) cloud.Host {
 // NodeID is the instance this host is.
 func (h *Host) NodeID() string { return h.instance }
 
-// hostDiskID matches a Yandex resource id: 20 lower-case letters and
-// digits (a virtio serial holds at most 20 characters, so the device name,
+// hostDiskID matches a Yandex disk id: 20 lower-case letters and digits,
+// the first a letter (a virtio serial holds at most 20 characters, so the device name,
 // the disk id, fits whole). Nothing else is made into a path.
-var hostDiskID = regexp.MustCompile(`^[a-z0-9]{20}$`)
+var hostDiskID = regexp.MustCompile(`^[a-z][a-z0-9]{19}$`)
 
 // maxHostLookups bounds how often OpenDevice looks a disk's link up again
 // after the device it named failed to prove to be the disk.

@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// DefaultMetadataURL is the metadata service every Yandex Compute instance
+// metadataURL is the metadata service every Yandex Compute instance
 // reaches (its GCE-compatible API).
-const DefaultMetadataURL = "http://169.254.169.254"
+const metadataURL = "http://169.254.169.254"
 
 // Metadata reads what an instance knows of itself from the metadata
 // service: its id (the node id) and zone. Each read is bounded (a short
@@ -37,10 +37,10 @@ const (
 )
 
 // NewMetadata returns a reader of the metadata service at url (default
-// DefaultMetadataURL when empty).
+// http://169.254.169.254 when empty).
 func NewMetadata(url string) *Metadata {
 	if url == "" {
-		url = DefaultMetadataURL
+		url = metadataURL
 	}
 	return &Metadata{base: strings.TrimRight(url, "/"), client: &http.Client{Timeout: metadataTimeout},
 		attempts: metadataAttempts, pause: metadataPause}
