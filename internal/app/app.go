@@ -40,8 +40,9 @@ type Options struct {
 	Endpoint string
 	// StateDir holds the state file and, for the local backend, its disks.
 	StateDir string
-	// Cloud is "local" (the embedded default) or "fake" (in memory, with a
-	// fake mounter: for load tests and drills of the engine without root).
+	// Cloud is "local" (the embedded default), "yandex" (Yandex Compute
+	// Cloud, Options.Yandex) or "fake" (in memory, with a fake mounter: for
+	// load tests and drills of the engine without root).
 	Cloud  string
 	NodeID string
 	// DriverName is the CSI driver name.
@@ -76,6 +77,8 @@ type Options struct {
 	Log           zerolog.Logger
 	// Ready, if set, is closed once the process answers Probe as ready.
 	Ready chan<- struct{}
+	// Yandex configures Cloud "yandex".
+	Yandex YandexOptions
 	// Fake, if set, is the provider of Cloud "fake" (tests and benchmarks
 	// that set its latency or read its call log); nil makes a new one.
 	Fake *fake.Cloud
@@ -124,6 +127,9 @@ func StateFile(dir string, mode driver.Mode) string {
 func Run(ctx context.Context, o Options) error {
 	sock, perm, err := o.complete()
 	if err != nil {
+		return err
+	}
+	if err := o.yandexNode(ctx); err != nil {
 		return err
 	}
 	log := o.Log.With().Str("mode", string(o.Mode)).Str("node", o.NodeID).Logger()
@@ -210,7 +216,7 @@ func (o *Options) complete() (sock string, perm SocketPerm, err error) {
 	if o.DriverName == "" {
 		o.DriverName = driver.DefaultName
 	}
-	if o.NodeID == "" {
+	if o.NodeID == "" && (o.Cloud != "yandex" || o.Mode == driver.ModeController) {
 		h, err := os.Hostname()
 		if err != nil {
 			return "", perm, fmt.Errorf("no --node-id and no hostname: %w", err)
@@ -480,8 +486,10 @@ func newProvider(ctx context.Context, o Options) (*provider, error) {
 		}
 		m := fakemount.New()
 		return &provider{cloud: c, host: sizedHost{Host: c.Host(o.NodeID), mounter: m}, mounter: m, zone: zone}, nil
+	case "yandex":
+		return newYandex(ctx, o)
 	}
-	return nil, fmt.Errorf("unknown cloud %q (local or fake)", o.Cloud)
+	return nil, fmt.Errorf("unknown cloud %q (local, yandex or fake)", o.Cloud)
 }
 
 // sizedHost keeps the fake mounter's devices the size of the fake cloud's

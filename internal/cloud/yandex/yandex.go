@@ -183,12 +183,22 @@ func (c *Cloud) GrowsAttached() bool { return false }
 // DiskTypes lists the disk types a StorageClass may name.
 func (c *Cloud) DiskTypes() []string { return slices.Clone(DiskTypes) }
 
-// Capacity reports the largest disk a zone takes. Yandex's free space is
-// a quota of the cloud, which the API csid uses does not report cheaply:
-// a create beyond it fails with ErrLimitReached.
-func (c *Cloud) Capacity(_ context.Context, zone string) (int64, error) {
-	if _, err := c.zone(zone); err != nil {
+// Capacity reports the largest disk a zone takes, once the API says the
+// zone is up (so it is also the controller's readiness check of the API
+// and the credentials). Yandex's free space is a quota of the cloud, which
+// the Compute API does not report: a create beyond it fails with
+// ErrLimitReached.
+func (c *Cloud) Capacity(ctx context.Context, zone string) (int64, error) {
+	z, err := c.zone(zone)
+	if err != nil {
 		return 0, err
+	}
+	got, err := c.sdk.Compute().Zone().Get(ctx, &computepb.GetZoneRequest{ZoneId: z})
+	if err != nil {
+		return 0, apiError(err, "get zone "+z, false)
+	}
+	if got.GetStatus() != computepb.Zone_UP {
+		return 0, nil
 	}
 	return MaxDiskBytes, nil
 }
