@@ -169,7 +169,7 @@ func Run(ctx context.Context, o Options) error {
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
 		Controller: controllerBackend{p.cloud}, Node: nodeBackend{cloud: p.cloud, mounter: p.mounter, nodeID: o.NodeID},
-		Topology: len(p.cloud.Zones()) > 0, Snapshots: takesSnapshots(p.cloud), KubeletRoot: o.KubeletRoot})
+		Topology: len(p.cloud.Zones()) > 0, Snapshots: takesSnapshots(p.cloud), DiskTypes: diskTypes(p.cloud), KubeletRoot: o.KubeletRoot})
 	if err != nil {
 		return err
 	}
@@ -272,6 +272,14 @@ type sides struct {
 func takesSnapshots(c cloud.Cloud) bool {
 	_, ok := c.(cloud.Snapshotter)
 	return ok
+}
+
+// diskTypes are the provider's disk types (none without cloud.DiskTyper).
+func diskTypes(c cloud.Cloud) []string {
+	if t, ok := c.(cloud.DiskTyper); ok {
+		return t.DiskTypes()
+	}
+	return nil
 }
 
 // confirmSnapshot is the controller's check of a snapshot at the provider,

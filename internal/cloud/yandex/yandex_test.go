@@ -2,6 +2,7 @@ package yandex_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -107,4 +108,72 @@ func TestContractWithFaults(t *testing.T) {
 		}
 		f.Throttle(yandexfake.Throttling{Calls: 3})
 	}))
+}
+
+// The disk type is part of a create's idempotency: the same name and size
+// of another type is ErrAlreadyExists; a type Yandex does not have is
+// ErrInvalid; the type is reported with the disk.
+func TestCreateDiskTypeIsPartOfTheName(t *testing.T) {
+	f, key := startFake(t, yandexfake.Options{})
+	c := open(t, options(f, key))
+	ctx := context.Background()
+	wait := func(op cloud.Operation, err error) (cloud.Disk, error) {
+		if err != nil {
+			return cloud.Disk{}, err
+		}
+		return c.WaitOperation(ctx, op.ID)
+	}
+	ssd, err := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30, Type: "network-ssd"}))
+	if err != nil || ssd.Type != "network-ssd" {
+		t.Fatalf("create of a network-ssd disk: %+v, %v", ssd, err)
+	}
+	if again, err := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30, Type: "network-ssd"})); err != nil || again.ID != ssd.ID {
+		t.Fatalf("repeat create: %+v, %v; want %s", again, err, ssd.ID)
+	}
+	for _, typ := range []string{"network-hdd", ""} {
+		if _, err := c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30, Type: typ}); !errors.Is(err, cloud.ErrAlreadyExists) {
+			t.Errorf("create of vol-1 as %q: %v, want ErrAlreadyExists", typ, err)
+		}
+	}
+	if _, err := c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-2", SizeBytes: 1 << 30, Type: "floppy"}); !errors.Is(err, cloud.ErrInvalid) {
+		t.Errorf("create of a floppy: %v, want ErrInvalid", err)
+	}
+	hdd, err := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-3", SizeBytes: 1 << 30}))
+	if err != nil || hdd.Type != yandex.DefaultDiskType {
+		t.Fatalf("create without a type: %+v, %v; want %s", hdd, err, yandex.DefaultDiskType)
+	}
+}
+
+// Another csid's disks (another driver name in the same folder) are not
+// this one's: not listed, not found, not deleted.
+func TestOnlyItsOwnDisks(t *testing.T) {
+	f, key := startFake(t, yandexfake.Options{})
+	mine := open(t, options(f, key))
+	o := options(f, key)
+	o.Driver = "other.csid.dev"
+	theirs := open(t, o)
+	ctx := context.Background()
+	op, err := theirs.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-theirs", SizeBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := theirs.WaitOperation(ctx, op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if page, err := mine.ListDisks(ctx, cloud.ListOptions{}); err != nil || len(page.Disks) != 0 {
+		t.Fatalf("ListDisks lists another csid's disks: %+v, %v", page, err)
+	}
+	if _, err := mine.GetDisk(ctx, d.ID); !errors.Is(err, cloud.ErrNotFound) {
+		t.Fatalf("GetDisk of another csid's disk: %v, want ErrNotFound", err)
+	}
+	if _, err := mine.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-theirs", SizeBytes: 1 << 30}); !errors.Is(err, cloud.ErrAlreadyExists) {
+		t.Fatalf("create of another csid's disk's name: %v, want ErrAlreadyExists", err)
+	}
+	if op, err := mine.DeleteDisk(ctx, d.ID); err != nil || !op.Done {
+		t.Fatalf("DeleteDisk of another csid's disk: %+v, %v; want done at once (nothing of ours)", op, err)
+	}
+	if _, err := theirs.GetDisk(ctx, d.ID); err != nil {
+		t.Fatalf("another csid's disk after our delete: %v", err)
+	}
 }
