@@ -41,7 +41,49 @@ func credentials(keyFile, metadataURL string) (ycsdk.Credentials, error) {
 	if err != nil {
 		return nil, fmt.Errorf("yandex: the service-account key file %s cannot sign tokens (key id or service account missing, or the private key not an RSA key in PEM)", keyFile)
 	}
-	return creds, nil
+	return &serviceAccountKey{jwt: creds.(ycsdk.ExchangeableCredentials)}, nil
+}
+
+// serviceAccountKey exchanges JWTs signed with a service-account key for
+// IAM tokens, as the SDK's own credentials do, but reports each token
+// expiring early (renewAt): the SDK uses a cached token up to the moment
+// it expires, so a call made just before then reaches the API with a
+// token that has expired in flight (Unauthenticated).
+type serviceAccountKey struct {
+	jwt ycsdk.ExchangeableCredentials
+	// iam is the SDK the key's tokens are for (set once it is built): its
+	// IAM token service, which needs no token itself.
+	iam *ycsdk.SDK
+}
+
+func (*serviceAccountKey) YandexCloudAPICredentials() {}
+
+// IAMToken exchanges a new JWT for an IAM token.
+func (c *serviceAccountKey) IAMToken(ctx context.Context) (*iampb.CreateIamTokenResponse, error) {
+	if c.iam == nil {
+		return nil, fmt.Errorf("yandex: no API to exchange the key's JWT at")
+	}
+	req, err := c.jwt.IAMTokenRequest()
+	if err != nil {
+		return nil, fmt.Errorf("yandex: sign a JWT with the service-account key: %w", err)
+	}
+	resp, err := c.iam.IAM().IamToken().Create(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &iampb.CreateIamTokenResponse{IamToken: resp.GetIamToken(), ExpiresAt: renewAt(resp.GetExpiresAt())}, nil
+}
+
+// renewAt is when to stop using a token that expires at expires: a fifth
+// of its remaining life early, at most ten minutes (a real IAM token lives
+// 12 hours).
+func renewAt(expires *timestamppb.Timestamp) *timestamppb.Timestamp {
+	now := time.Now()
+	if !expires.IsValid() {
+		return timestamppb.New(now.Add(time.Minute))
+	}
+	ttl := expires.AsTime().Sub(now)
+	return timestamppb.New(now.Add(ttl - min(ttl/5, 10*time.Minute)))
 }
 
 // instanceServiceAccount is the SDK's NonExchangeableCredentials of the
@@ -81,11 +123,6 @@ func (c *instanceServiceAccount) IAMToken(ctx context.Context) (*iampb.CreateIam
 	if err := json.Unmarshal(body, &tok); err != nil || tok.AccessToken == "" {
 		return nil, fmt.Errorf("yandex: instance service account token from %s: the answer is not a token", c.url)
 	}
-	// Renew a little early, so that no call carries a token that expires
-	// in flight.
-	ttl := time.Duration(tok.ExpiresIn)*time.Second - 30*time.Second
-	if ttl < time.Second {
-		ttl = time.Second
-	}
-	return &iampb.CreateIamTokenResponse{IamToken: tok.AccessToken, ExpiresAt: timestamppb.New(time.Now().Add(ttl))}, nil
+	expires := timestamppb.New(time.Now().Add(time.Duration(tok.ExpiresIn) * time.Second))
+	return &iampb.CreateIamTokenResponse{IamToken: tok.AccessToken, ExpiresAt: renewAt(expires)}, nil
 }

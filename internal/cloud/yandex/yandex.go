@@ -128,6 +128,9 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 	if err != nil {
 		return nil, fmt.Errorf("yandex: connect to %s: %w", o.Endpoint, err)
 	}
+	if k, ok := creds.(*serviceAccountKey); ok {
+		k.iam = sdk
+	}
 	c := &Cloud{opts: o, sdk: sdk, zones: slices.Clone(o.Zones), maxDisks: o.MaxDisks}
 	if c.maxDisks <= 0 {
 		c.maxDisks = DefaultMaxDisks

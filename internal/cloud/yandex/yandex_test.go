@@ -177,3 +177,28 @@ func TestOnlyItsOwnDisks(t *testing.T) {
 		t.Fatalf("another csid's disk after our delete: %v", err)
 	}
 }
+
+// IAM tokens are renewed before they expire: calls made back to back
+// across several token lifetimes never reach the API with a token that
+// expired in flight (the SDK alone uses a token up to its last instant).
+func TestTokensRenewBeforeTheyExpire(t *testing.T) {
+	f, key := startFake(t, yandexfake.Options{})
+	f.SetTokenTTL(300 * time.Millisecond)
+	c := open(t, options(f, key))
+	ctx := context.Background()
+	if err := f.AddInstance("node-a", zones[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	calls, failed := 0, 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); calls++ {
+		if _, err := c.GetNode(ctx, "node-a"); err != nil {
+			failed++
+			t.Logf("call %d: %v", calls, err)
+		}
+	}
+	exchanges := len(f.Calls(yandexfake.MethodIAMTokenCreate))
+	if failed > 0 || exchanges < 5 {
+		t.Fatalf("%d of %d calls failed; %d token exchanges", failed, calls, exchanges)
+	}
+	t.Logf("%d calls, %d token exchanges", calls, exchanges)
+}
