@@ -17,7 +17,7 @@ require (
 	github.com/rs/zerolog v1.35.1
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
-	github.com/yandex-cloud/go-genproto v0.111.0
+	github.com/yandex-cloud/go-genproto v0.117.0
 	github.com/yandex-cloud/go-sdk v0.33.0
 	go.etcd.io/bbolt v1.5.0
 	golang.org/x/mod v0.41.0
