@@ -159,16 +159,16 @@ func (r *yandexRig) lifecycle(t *testing.T, name string) (tries int) {
 // calls to it stay within its client-side rate limit (a token bucket of
 // --yandex-rate-limit calls a second and --yandex-rate-burst at once:
 // in any second, at most burst+rate calls arrive), retries included, and
-// every CSI call of eight volumes' lifecycles eventually succeeds.
+// every CSI call of five volumes' lifecycles eventually succeeds.
 func TestYandexThrottledAPIIsNotHammered(t *testing.T) {
-	const rate, burst = 10, 5
+	const rate, burst = 15, 5
 	r := newYandexRig(t)
 	r.start(t, "--yandex-rate-limit", fmt.Sprint(rate), "--yandex-rate-burst", fmt.Sprint(burst))
 	throttled := time.Now()
 	r.fake.Throttle(yandexfake.Throttling{For: 3 * time.Second})
 
 	var wg sync.WaitGroup
-	tries := make([]int, 8)
+	tries := make([]int, 5)
 	for i := range tries {
 		wg.Go(func() { tries[i] = r.lifecycle(t, fmt.Sprintf("pvc-throttled-%d", i)) })
 	}

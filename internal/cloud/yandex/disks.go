@@ -49,7 +49,7 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 		FolderId: c.opts.FolderID, Name: spec.Name, Labels: labels, TypeId: typ, ZoneId: zone, Size: size,
 		Description: "made by csid (" + c.opts.Driver + ")",
 	})
-	if status := apiError(err, "create disk "+spec.Name, false); status != nil {
+	if status := apiError(err, "create disk "+spec.Name); status != nil {
 		if errors.Is(status, cloud.ErrAlreadyExists) {
 			// A concurrent create of the name won: it is ours if it matches.
 			if op, found, err := c.existing(ctx, spec.Name, size, zone, typ); found || err != nil {
@@ -103,7 +103,7 @@ func (c *Cloud) eachDisk(ctx context.Context, filter string, f func(*computepb.D
 		resp, err := c.sdk.Compute().Disk().List(ctx, &computepb.ListDisksRequest{
 			FolderId: c.opts.FolderID, PageSize: 1000, PageToken: token, Filter: filter})
 		if err != nil {
-			return apiError(err, "list disks of folder "+c.opts.FolderID, false)
+			return apiError(err, "list disks of folder "+c.opts.FolderID)
 		}
 		for _, d := range resp.GetDisks() {
 			if !f(d) {
@@ -128,7 +128,7 @@ func (c *Cloud) ours(d *computepb.Disk) bool {
 func (c *Cloud) disk(ctx context.Context, id string) (*computepb.Disk, error) {
 	d, err := c.sdk.Compute().Disk().Get(ctx, &computepb.GetDiskRequest{DiskId: id})
 	if err != nil {
-		return nil, apiError(err, "get disk "+id, false)
+		return nil, apiError(err, "get disk "+id)
 	}
 	if !c.ours(d) {
 		return nil, fmt.Errorf("disk %s was not made by this csid (%s): %w", id, c.opts.Driver, cloud.ErrNotFound)
@@ -216,7 +216,7 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskID string) (cloud.Operation,
 		return cloud.Operation{}, fmt.Errorf("disk %s is attached to %v: %w", diskID, d.GetInstanceIds(), cloud.ErrAttached)
 	}
 	yop, err := c.sdk.Compute().Disk().Delete(ctx, &computepb.DeleteDiskRequest{DiskId: diskID})
-	if err := apiError(err, "delete disk "+diskID, false); err != nil {
+	if err := apiError(err, "delete disk "+diskID); err != nil {
 		if errors.Is(err, cloud.ErrNotFound) {
 			return doneOp(cloud.OpDelete, diskID, true), nil
 		}
@@ -247,7 +247,7 @@ func (c *Cloud) ResizeDisk(ctx context.Context, diskID string, sizeBytes int64) 
 	}
 	yop, err := c.sdk.Compute().Disk().Update(ctx, &computepb.UpdateDiskRequest{DiskId: diskID, Size: size,
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"size"}}})
-	if err := apiError(err, fmt.Sprintf("grow disk %s to %d bytes", diskID, size), false); err != nil {
+	if err := apiError(err, fmt.Sprintf("grow disk %s to %d bytes", diskID, size)); err != nil {
 		return cloud.Operation{}, c.refused(ctx, err, diskID)
 	}
 	return c.operation(yop, cloud.OpResize, diskID, "")
@@ -277,7 +277,7 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskID string, tags map[stri
 	}
 	yop, err := c.sdk.Compute().Disk().Update(ctx, &computepb.UpdateDiskRequest{DiskId: diskID, Labels: labels,
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
-	if err := apiError(err, "label disk "+diskID, false); err != nil {
+	if err := apiError(err, "label disk "+diskID); err != nil {
 		return cloud.Operation{}, err
 	}
 	return c.operation(yop, cloud.OpTag, diskID, "")
@@ -312,7 +312,7 @@ func (c *Cloud) AttachDisk(ctx context.Context, diskID, nodeID string) (cloud.Op
 	yop, err := c.sdk.Compute().Instance().AttachDisk(ctx, &computepb.AttachInstanceDiskRequest{InstanceId: nodeID,
 		AttachedDiskSpec: &computepb.AttachedDiskSpec{Mode: computepb.AttachedDiskSpec_READ_WRITE, DeviceName: diskID,
 			Disk: &computepb.AttachedDiskSpec_DiskId{DiskId: diskID}}})
-	if err := apiError(err, fmt.Sprintf("attach disk %s to instance %s", diskID, nodeID), false); err != nil {
+	if err := apiError(err, fmt.Sprintf("attach disk %s to instance %s", diskID, nodeID)); err != nil {
 		return cloud.Operation{}, c.refused(ctx, err, diskID)
 	}
 	return c.operation(yop, cloud.OpAttach, diskID, nodeID)
@@ -353,7 +353,7 @@ func (c *Cloud) DetachDisk(ctx context.Context, diskID, nodeID string) (cloud.Op
 	}
 	yop, err := c.sdk.Compute().Instance().DetachDisk(ctx, &computepb.DetachInstanceDiskRequest{InstanceId: nodeID,
 		Disk: &computepb.DetachInstanceDiskRequest_DiskId{DiskId: diskID}})
-	if err := apiError(err, fmt.Sprintf("detach disk %s from instance %s", diskID, nodeID), false); err != nil {
+	if err := apiError(err, fmt.Sprintf("detach disk %s from instance %s", diskID, nodeID)); err != nil {
 		return cloud.Operation{}, err
 	}
 	return c.operation(yop, cloud.OpDetach, diskID, nodeID)

@@ -19,23 +19,23 @@ import (
 //	NotFound                          -> ErrNotFound
 //	AlreadyExists                     -> ErrAlreadyExists
 //	InvalidArgument, OutOfRange       -> ErrInvalid
-//	FailedPrecondition                -> ErrAttached where the call is
-//	                                     about an attached disk (attached
-//	                                     says so), else ErrTransient: the
-//	                                     object is busy (a disk still being
-//	                                     made, an operation in flight)
+//	FailedPrecondition                -> ErrTransient: the disk is busy (an
+//	                                     operation in flight, not ready);
+//	                                     where it is refused for being
+//	                                     attached, Cloud.refused makes it
+//	                                     ErrAttached
 //	ResourceExhausted of a quota      -> ErrLimitReached
 //	ResourceExhausted (throttling),
 //	Unavailable, DeadlineExceeded,
 //	Aborted, Internal, Unknown        -> ErrTransient (the interceptor has
 //	                                     already backed off and retried the
-//	                                     first three)
+//	                                     first two)
 //	Unauthenticated, PermissionDenied -> untyped: a credentials or
 //	                                     permission problem retrying does not
 //	                                     cure
 //
 // The context's own errors pass through unchanged.
-func apiError(err error, what string, attached bool) error {
+func apiError(err error, what string) error {
 	if err == nil {
 		return nil
 	}
@@ -60,9 +60,6 @@ func apiError(err error, what string, attached bool) error {
 		kind = cloud.ErrInvalid
 	case codes.FailedPrecondition:
 		kind = cloud.ErrTransient
-		if attached {
-			kind = cloud.ErrAttached
-		}
 	case codes.ResourceExhausted:
 		kind = cloud.ErrTransient
 		if isQuota(st) {

@@ -23,30 +23,28 @@ func quotaErr() error {
 
 func TestAPIErrorsMapToCloudErrors(t *testing.T) {
 	for _, tc := range []struct {
-		err      error
-		attached bool
-		want     error
+		err  error
+		want error
 	}{
-		{status.Error(codes.NotFound, "no disk"), false, cloud.ErrNotFound},
-		{status.Error(codes.AlreadyExists, "name taken"), false, cloud.ErrAlreadyExists},
-		{status.Error(codes.InvalidArgument, "bad size"), false, cloud.ErrInvalid},
-		{status.Error(codes.OutOfRange, "too big"), false, cloud.ErrInvalid},
-		{status.Error(codes.FailedPrecondition, "disk is attached"), true, cloud.ErrAttached},
-		{status.Error(codes.FailedPrecondition, "disk is busy"), false, cloud.ErrTransient},
-		{quotaErr(), false, cloud.ErrLimitReached},
-		{status.Error(codes.ResourceExhausted, "throttled: too many requests"), false, cloud.ErrTransient},
-		{status.Error(codes.Unavailable, "connection refused"), false, cloud.ErrTransient},
-		{status.Error(codes.DeadlineExceeded, "slow"), false, cloud.ErrTransient},
-		{status.Error(codes.Internal, "oops"), false, cloud.ErrTransient},
-		{context.Canceled, false, context.Canceled},
+		{status.Error(codes.NotFound, "no disk"), cloud.ErrNotFound},
+		{status.Error(codes.AlreadyExists, "name taken"), cloud.ErrAlreadyExists},
+		{status.Error(codes.InvalidArgument, "bad size"), cloud.ErrInvalid},
+		{status.Error(codes.OutOfRange, "too big"), cloud.ErrInvalid},
+		{status.Error(codes.FailedPrecondition, "disk is busy"), cloud.ErrTransient},
+		{quotaErr(), cloud.ErrLimitReached},
+		{status.Error(codes.ResourceExhausted, "throttled: too many requests"), cloud.ErrTransient},
+		{status.Error(codes.Unavailable, "connection refused"), cloud.ErrTransient},
+		{status.Error(codes.DeadlineExceeded, "slow"), cloud.ErrTransient},
+		{status.Error(codes.Internal, "oops"), cloud.ErrTransient},
+		{context.Canceled, context.Canceled},
 	} {
-		got := apiError(tc.err, "call", tc.attached)
+		got := apiError(tc.err, "call")
 		if !errors.Is(got, tc.want) {
-			t.Errorf("apiError(%v, attached=%v) = %v, want %v", tc.err, tc.attached, got, tc.want)
+			t.Errorf("apiError(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
 	for _, code := range []codes.Code{codes.Unauthenticated, codes.PermissionDenied} {
-		got := apiError(status.Error(code, "no"), "call", false)
+		got := apiError(status.Error(code, "no"), "call")
 		for _, typed := range []error{cloud.ErrTransient, cloud.ErrNotFound, cloud.ErrInvalid} {
 			if errors.Is(got, typed) {
 				t.Errorf("%s maps to %v; credentials problems are not typed", code, typed)

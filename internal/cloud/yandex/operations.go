@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 
 	computepb "github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
@@ -63,7 +62,7 @@ func (c *Cloud) WaitOperation(ctx context.Context, opID string) (cloud.Disk, err
 	for {
 		op, err := c.sdk.Operation().Get(ctx, &operationpb.GetOperationRequest{OperationId: opID})
 		if err != nil {
-			return cloud.Disk{}, apiError(err, "get operation "+opID, false)
+			return cloud.Disk{}, apiError(err, "get operation "+opID)
 		}
 		if op.GetDone() {
 			return c.result(ctx, op)
@@ -82,8 +81,13 @@ func (c *Cloud) result(ctx context.Context, op *operationpb.Operation) (cloud.Di
 		return cloud.Disk{}, err
 	}
 	if e := op.GetError(); e != nil {
-		what := fmt.Sprintf("operation %s (%s of disk %s)", op.GetId(), kind, diskID)
-		return cloud.Disk{}, apiError(status.ErrorProto(e), what, kind == cloud.OpResize || kind == cloud.OpDelete)
+		err := apiError(status.ErrorProto(e), fmt.Sprintf("operation %s (%s of disk %s)", op.GetId(), kind, diskID))
+		if kind == cloud.OpResize || kind == cloud.OpDelete {
+			// Refused for the disk's attachment (ErrAttached) or because it
+			// was busy (ErrTransient): the disk as it is now tells.
+			err = c.refused(ctx, err, diskID)
+		}
+		return cloud.Disk{}, err
 	}
 	switch kind {
 	case cloud.OpDelete:
@@ -115,10 +119,9 @@ func describe(op *operationpb.Operation) (kind cloud.OpKind, diskID, nodeID stri
 	case md.MessageIs(&computepb.CreateDiskMetadata{}):
 		m, kind = new(computepb.CreateDiskMetadata), cloud.OpCreate
 	case md.MessageIs(&computepb.UpdateDiskMetadata{}):
+		// A grow or a change of labels: the metadata does not say which;
+		// both read back the same (the disk the response holds).
 		m, kind = new(computepb.UpdateDiskMetadata), cloud.OpResize
-		if strings.Contains(strings.ToLower(op.GetDescription()), "label") {
-			kind = cloud.OpTag
-		}
 	case md.MessageIs(&computepb.DeleteDiskMetadata{}):
 		m, kind = new(computepb.DeleteDiskMetadata), cloud.OpDelete
 	case md.MessageIs(&computepb.AttachInstanceDiskMetadata{}):

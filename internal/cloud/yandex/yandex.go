@@ -148,7 +148,7 @@ func (c *Cloud) start(ctx context.Context) error {
 	if len(c.zones) == 0 {
 		resp, err := c.sdk.Compute().Zone().List(ctx, &computepb.ListZonesRequest{PageSize: 100})
 		if err != nil {
-			return apiError(err, "list zones", false)
+			return apiError(err, "list zones")
 		}
 		for _, z := range resp.GetZones() {
 			if z.GetStatus() == computepb.Zone_UP {
@@ -162,7 +162,7 @@ func (c *Cloud) start(ctx context.Context) error {
 		return nil
 	}
 	_, err := c.sdk.Compute().Disk().List(ctx, &computepb.ListDisksRequest{FolderId: c.opts.FolderID, PageSize: 1})
-	return apiError(err, "list disks of folder "+c.opts.FolderID, false)
+	return apiError(err, "list disks of folder "+c.opts.FolderID)
 }
 
 // Close closes the connections to the API.
@@ -198,7 +198,7 @@ func (c *Cloud) Capacity(ctx context.Context, zone string) (int64, error) {
 	}
 	got, err := c.sdk.Compute().Zone().Get(ctx, &computepb.GetZoneRequest{ZoneId: z})
 	if err != nil {
-		return 0, apiError(err, "get zone "+z, false)
+		return 0, apiError(err, "get zone "+z)
 	}
 	if got.GetStatus() != computepb.Zone_UP {
 		return 0, nil
@@ -232,7 +232,7 @@ func (c *Cloud) GetNode(ctx context.Context, nodeID string) (cloud.Node, error) 
 func (c *Cloud) instance(ctx context.Context, id string) (*computepb.Instance, error) {
 	inst, err := c.sdk.Compute().Instance().Get(ctx, &computepb.GetInstanceRequest{InstanceId: id})
 	if err != nil {
-		return nil, apiError(err, "get instance "+id, false)
+		return nil, apiError(err, "get instance "+id)
 	}
 	return inst, nil
 }
