@@ -3,8 +3,6 @@ package yandex
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -19,19 +17,7 @@ import (
 // never an untyped error (Internal): whether the call itself is refused
 // (the disk attached since csid looked) or the operation fails.
 func TestAttachedGrowRefusalIsErrAttached(t *testing.T) {
-	f, err := yandexfake.Start(context.Background(), yandexfake.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
-	key, err := f.NewServiceAccountKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(t.TempDir(), "key.json")
-	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	f, keyFile := StartFake(t, yandexfake.Options{})
 	zone := f.Zones()[0]
 	if err := f.AddInstance("node-a", zone, 0); err != nil {
 		t.Fatal(err)

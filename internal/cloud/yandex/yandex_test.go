@@ -3,8 +3,6 @@ package yandex_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -18,27 +16,13 @@ import (
 
 var zones = []string{"ru-central1-a", "ru-central1-b"}
 
-// startFake starts a fake API and returns it with the path of a
-// service-account key file it issued.
+// startFake starts a fake API in the test zones (export_test.go).
 func startFake(t *testing.T, opts yandexfake.Options) (*yandexfake.Fake, string) {
 	t.Helper()
 	if opts.Zones == nil {
 		opts.Zones = zones
 	}
-	f, err := yandexfake.Start(context.Background(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
-	key, err := f.NewServiceAccountKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "key.json")
-	if err := os.WriteFile(path, key, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f, path
+	return yandex.StartFake(t, opts)
 }
 
 // options are the backend's options on fake f: quick polls and backoffs, a
