@@ -186,3 +186,19 @@ func TestTokensRenewBeforeTheyExpire(t *testing.T) {
 	}
 	t.Logf("%d calls, %d token exchanges", calls, exchanges)
 }
+
+// Without a key file, the backend authenticates as the instance's service
+// account, with tokens from the metadata service.
+func TestInstanceServiceAccount(t *testing.T) {
+	f, _ := startFake(t, yandexfake.Options{})
+	md := f.MetadataServer("fhmnode0000000000001", zones[0], f.FolderID())
+	o := options(f, "")
+	o.MetadataURL = md.URL
+	c := open(t, o)
+	if _, err := c.ListDisks(context.Background(), cloud.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.Calls(yandexfake.MethodIAMTokenCreate)); n != 0 {
+		t.Fatalf("%d JWT exchanges; the instance's tokens come from the metadata service", n)
+	}
+}
