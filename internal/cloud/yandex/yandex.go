@@ -97,8 +97,9 @@ type Cloud struct {
 
 var _ cloud.Cloud = (*Cloud)(nil)
 
-// New connects to the Yandex API. It checks the credentials and the
-// folder by listing the zones (when Options.Zones is empty) and one disk.
+// New connects to the Yandex API, and checks that it answers with these
+// credentials: it lists the zones when none are given, else one disk of
+// the folder.
 func New(ctx context.Context, o Options) (*Cloud, error) {
 	if !nodePattern.MatchString(o.FolderID) {
 		return nil, fmt.Errorf("yandex: a folder id is required (--yandex-folder-id), got %q", o.FolderID)
