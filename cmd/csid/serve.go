@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/cloud/yandex"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/fsm"
@@ -74,11 +75,11 @@ func (so *serveOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&so.o.SocketOwner, "socket-owner", "", "owner of the CSI socket and of the directories csid creates for it, user[:group] by name or number (default: csid's own)")
 	f.StringVar(&so.o.KubeletRoot, "kubelet-root", "", "kubelet's root directory: node requests for paths outside it are refused (empty: any absolute path, as all-in-one and the sanity suite need; no symbolic link is ever followed either way)")
 	f.StringVar(&so.o.AdminSocket, "admin-socket", "", "read-only admin socket of csid inspect and check, mode 0600 (default <state-dir>/admin-<mode>.sock)")
-	f.StringVar(&so.o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices) or fake (in memory, for load tests)")
-	f.StringVar(&so.o.NodeID, "node-id", "", "this node's id (default: the hostname)")
+	f.StringVar(&so.o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices), yandex (Yandex Compute Cloud) or fake (in memory, for load tests)")
+	f.StringVar(&so.o.NodeID, "node-id", "", "this node's id (default: the hostname; with --cloud yandex, the instance id from the metadata service)")
 	f.StringVar(&so.o.DriverName, "driver-name", driver.DefaultName, "CSI driver name")
 	f.IntVar(&so.o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit)")
-	f.StringVar(&so.o.Zone, "zone", "", "the local backend's zone (default \"local\")")
+	f.StringVar(&so.o.Zone, "zone", "", "this node's zone (default: \"local\" for the local backend; with --cloud yandex, the instance's zone from the metadata service)")
 	f.IntVar(&so.o.Workers, "workers", 64, "operations whose effects run at once")
 	f.BoolVar(&so.o.RebuildFromCloud, "rebuild-from-cloud", false, "start on a new (missing or empty) state file although the cloud has csid's disks: "+
 		"a controller rebuilds its records from the disks' tags, a node from this host's mounts (without it, such a start is refused)")
@@ -93,6 +94,24 @@ func (so *serveOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&so.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&so.crashAt, "crash-at", "", "arm a crash point (drills): name or name:N")
 	_ = f.MarkHidden("crash-at")
+	yandexFlags(f, &so.o.Yandex)
+}
+
+// yandexFlags defines the flags of --cloud yandex on f.
+func yandexFlags(f *pflag.FlagSet, y *app.YandexOptions) {
+	f.StringVar(&y.Endpoint, "yandex-endpoint", yandex.DefaultEndpoint, "Yandex Cloud API endpoint (endpoint discovery finds each service from it)")
+	f.BoolVar(&y.Insecure, "yandex-insecure", false, "talk plaintext gRPC to --yandex-endpoint (a fake API in tests; never a real one)")
+	f.StringVar(&y.FolderID, "yandex-folder-id", "", "the folder of csid's disks (required with --cloud yandex)")
+	f.StringVar(&y.KeyFile, "yandex-key-file", "", "service-account key file (JSON, as `yc iam key create` writes it); empty: the instance's service account, through the metadata service")
+	f.StringSliceVar(&y.Zones, "yandex-zones", nil, "zones of csid's disks, comma separated, the first the default (empty: the zones the API lists)")
+	f.StringVar(&y.MetadataURL, "yandex-metadata-url", yandex.DefaultMetadataURL, "the instance metadata service (node id, zone, the instance's service account)")
+	f.StringVar(&y.ByIDDir, "yandex-by-id-dir", yandex.DefaultByIDDir, "where the node finds attached disks' by-id links (virtio-<disk id>)")
+	f.IntVar(&y.MaxDisks, "yandex-max-disks", yandex.DefaultMaxDisks, "disks an instance holds (its max volumes)")
+	f.Float64Var(&y.RateLimit, "yandex-rate-limit", yandex.DefaultRateLimit, "calls per second to the Yandex API (every call, polls of operations included)")
+	f.IntVar(&y.RateBurst, "yandex-rate-burst", yandex.DefaultBurst, "calls to the Yandex API allowed at once above --yandex-rate-limit")
+	f.BoolVar(&y.LoopSerial, "yandex-loop-serial", false, "prove a device by its loop backing file's name (a test's node simulator; never on a real node)")
+	_ = f.MarkHidden("yandex-insecure")
+	_ = f.MarkHidden("yandex-loop-serial")
 }
 
 // options parses the flags into app.Options, arms a crash point if asked,

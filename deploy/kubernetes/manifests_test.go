@@ -89,6 +89,7 @@ type bundle struct {
 	name string
 
 	namespaces          []*corev1.Namespace
+	configMaps          []*corev1.ConfigMap
 	serviceAccounts     []*corev1.ServiceAccount
 	csiDrivers          []*storagev1.CSIDriver
 	storageClasses      []*storagev1.StorageClass
@@ -135,6 +136,9 @@ func (b *bundle) decode(doc []byte) error {
 	case "v1 Namespace":
 		o := new(corev1.Namespace)
 		return into(o, func() { b.namespaces = append(b.namespaces, o) })
+	case "v1 ConfigMap":
+		o := new(corev1.ConfigMap)
+		return into(o, func() { b.configMaps = append(b.configMaps, o) })
 	case "v1 ServiceAccount":
 		o := new(corev1.ServiceAccount)
 		return into(o, func() { b.serviceAccounts = append(b.serviceAccounts, o) })
@@ -259,7 +263,7 @@ func checkAll(r reporter, b *bundle) {
 	checkStorageClass(r, b, driver)
 	ctrl := onlyStatefulSet(r, b, controllerName)
 	node := onlyDaemonSet(r, b, nodeName)
-	checkSnapshotClass(r, b, driver, ctrl)
+	checkSnapshotClass(r, b, driver, ctrl, takesSnapshots(ctrl))
 	if ctrl == nil || node == nil {
 		return
 	}
@@ -361,9 +365,15 @@ func checkStorageClass(r reporter, b *bundle, driver *storagev1.CSIDriver) {
 // the same driver that deletes a snapshot with its VolumeSnapshot, and a
 // csi-snapshotter in the controller to serve it (a class nothing serves
 // leaves every VolumeSnapshot of it pending).
-func checkSnapshotClass(r reporter, b *bundle, driver *storagev1.CSIDriver, ctrl *appsv1.StatefulSet) {
+func checkSnapshotClass(r reporter, b *bundle, driver *storagev1.CSIDriver, ctrl *appsv1.StatefulSet, snapshots bool) {
 	r.Helper()
 	if len(b.storageClasses) == 0 && len(b.snapshotClasses) == 0 {
+		return
+	}
+	if !snapshots {
+		for _, c := range b.snapshotClasses {
+			r.Errorf("%s: VolumeSnapshotClass %s, but csid's backend here takes no snapshots: every VolumeSnapshot of it would fail", b.name, c.Name)
+		}
 		return
 	}
 	if len(b.snapshotClasses) != 1 {
@@ -380,6 +390,16 @@ func checkSnapshotClass(r reporter, b *bundle, driver *storagev1.CSIDriver, ctrl
 	if ctrl != nil && len(byImage(&ctrl.Spec.Template.Spec, snapshotterImage)) == 0 {
 		r.Errorf("%s: VolumeSnapshotClass %s, but the controller runs no csi-snapshotter: no snapshot of it would ever be taken", b.name, c.Name)
 	}
+}
+
+// takesSnapshots says whether the controller's backend takes snapshots
+// (local and fake do; yandex does not yet, docs/cloud.md).
+func takesSnapshots(ctrl *appsv1.StatefulSet) bool {
+	if ctrl == nil {
+		return true
+	}
+	c := findContainer(&ctrl.Spec.Template.Spec, csidContainer)
+	return c == nil || firstValue(parseFlags(c.Args), "cloud") != "yandex"
 }
 
 func onlyStatefulSet(r reporter, b *bundle, name string) *appsv1.StatefulSet {
@@ -790,7 +810,13 @@ func checkController(r reporter, b *bundle, s *appsv1.StatefulSet, driver *stora
 	if !ok {
 		return
 	}
-	vol, _ := checkSocket(r, at, spec, csid, f, []string{provisionerImage, attacherImage, resizerImage, snapshotterImage, livenessImage})
+	sidecars := []string{provisionerImage, attacherImage, resizerImage, livenessImage}
+	if takesSnapshots(s) {
+		sidecars = append(sidecars, snapshotterImage)
+	} else if len(byImage(spec, snapshotterImage)) > 0 {
+		r.Errorf("%s: csi-snapshotter, but csid's backend here takes no snapshots: the sidecar exits at start", at)
+	}
+	vol, _ := checkSocket(r, at, spec, csid, f, sidecars)
 	if vol != nil && vol.EmptyDir == nil {
 		r.Errorf("%s: the controller's socket volume %q should be an emptyDir (nothing outside the pod dials it)", at, vol.Name)
 	}
@@ -870,7 +896,13 @@ func checkNode(r reporter, b *bundle, d *appsv1.DaemonSet, driver *storagev1.CSI
 		r.Errorf("%s: csid must run as root on the node", at)
 	}
 	checkGracePeriod(r, at, spec, f)
-	if id, ok := f.get(r, at+": csid", "node-id"); ok {
+	if firstValue(f, "cloud") == "yandex" {
+		// The node id is the instance id, which csid reads from the
+		// metadata service; the Kubernetes node name is not it.
+		if v := f.values["node-id"]; len(v) > 0 {
+			r.Errorf("%s: csid --node-id=%s: on Yandex the node id is the instance id, read from the metadata service; give no --node-id", at, v[0])
+		}
+	} else if id, ok := f.get(r, at+": csid", "node-id"); ok {
 		name := strings.TrimSuffix(strings.TrimPrefix(id, "$("), ")")
 		if !slices.ContainsFunc(csid.Env, func(e corev1.EnvVar) bool {
 			return e.Name == name && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName"
@@ -1480,6 +1512,16 @@ func checkTree(r reporter, t tree, scratch string) {
 		checkLocalSingleNode(r, local)
 	}
 
+	yandex, err := render(t.path("overlays/yandex"))
+	if err != nil {
+		r.Errorf("%v", err)
+	} else {
+		checkAll(r, yandex)
+		checkRealCloudController(r, yandex)
+		checkStateOnClaim(r, yandex)
+		checkYandex(r, yandex)
+	}
+
 	// The component is meant to be added to an overlay of the base; build
 	// the smallest such overlay.
 	overlay := filepath.Join(scratch, "state-on-claim")
@@ -1740,6 +1782,46 @@ func TestManifestsCatchBreakage(t *testing.T) {
 				{"overlays/local-single-node/controller-local.yaml", "            privileged: true\n", "            privileged: true\n            runAsUser: 0\n"},
 			},
 			wantError: "runs as user 65532 but csid, which owns the socket, as 0",
+		},
+		{
+			name:      "yandex key file outside the Secret's mount",
+			edits:     []edit{{"overlays/yandex/controller-yandex.yaml", "--yandex-key-file=/etc/csid/yandex/key.json", "--yandex-key-file=/var/lib/csid/key.json"}},
+			wantError: "--yandex-key-file=/var/lib/csid/key.json is not in the mount of a Secret",
+		},
+		{
+			name:      "yandex key readable by every user",
+			edits:     []edit{{"overlays/yandex/node-yandex.yaml", "defaultMode: 0400", "defaultMode: 0444"}},
+			wantError: "the key file's mode 0444 lets any user of the node read it",
+		},
+		{
+			name:      "yandex key unreadable by the unprivileged controller",
+			edits:     []edit{{"overlays/yandex/controller-yandex.yaml", "defaultMode: 0440", "defaultMode: 0400"}},
+			wantError: "csid (user 65532) cannot read the key file",
+		},
+		{
+			name:      "yandex node named after the Kubernetes node",
+			edits:     []edit{{"overlays/yandex/node-yandex.yaml", "            - --cloud=yandex\n", "            - --cloud=yandex\n            - --node-id=$(HOSTNAME)\n"}},
+			wantError: "on Yandex the node id is the instance id",
+		},
+		{
+			name:      "yandex folder from a key the ConfigMap lacks",
+			edits:     []edit{{"overlays/yandex/controller-yandex.yaml", "                  key: folder-id\n", "                  key: folder\n"}},
+			wantError: `has no value for "folder"`,
+		},
+		{
+			name:      "yandex disk type misspelt",
+			edits:     []edit{{"overlays/yandex/storageclass-yandex.yaml", "type: network-ssd", "type: ssd"}},
+			wantError: `parameter type "ssd" is no Yandex disk type`,
+		},
+		{
+			name:      "yandex overlay keeps the snapshot class",
+			edits:     []edit{{"overlays/yandex/kustomization.yaml", "  - path: no-snapshots.yaml\n", ""}},
+			wantError: "VolumeSnapshotClass csid, but csid's backend here takes no snapshots",
+		},
+		{
+			name:      "yandex overlay keeps csi-snapshotter",
+			edits:     []edit{{"overlays/yandex/controller-yandex.yaml", "        - name: csi-snapshotter\n          $patch: delete\n", ""}},
+			wantError: "csi-snapshotter, but csid's backend here takes no snapshots",
 		},
 		{
 			name:      "controller state on csid's own class",

@@ -40,8 +40,9 @@ type Options struct {
 	Endpoint string
 	// StateDir holds the state file and, for the local backend, its disks.
 	StateDir string
-	// Cloud is "local" (the embedded default) or "fake" (in memory, with a
-	// fake mounter: for load tests and drills of the engine without root).
+	// Cloud is "local" (the embedded default), "yandex" (Yandex Compute
+	// Cloud, Options.Yandex) or "fake" (in memory, with a fake mounter: for
+	// load tests and drills of the engine without root).
 	Cloud  string
 	NodeID string
 	// DriverName is the CSI driver name.
@@ -76,6 +77,8 @@ type Options struct {
 	Log           zerolog.Logger
 	// Ready, if set, is closed once the process answers Probe as ready.
 	Ready chan<- struct{}
+	// Yandex configures Cloud "yandex".
+	Yandex YandexOptions
 	// Fake, if set, is the provider of Cloud "fake" (tests and benchmarks
 	// that set its latency or read its call log); nil makes a new one.
 	Fake *fake.Cloud
@@ -126,6 +129,9 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if err := o.yandexNode(ctx); err != nil {
+		return err
+	}
 	log := o.Log.With().Str("mode", string(o.Mode)).Str("node", o.NodeID).Logger()
 
 	// The state file first: a second csid on the same state dir stops here,
@@ -163,7 +169,7 @@ func Run(ctx context.Context, o Options) error {
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
 		Controller: controllerBackend{p.cloud}, Node: nodeBackend{cloud: p.cloud, mounter: p.mounter, nodeID: o.NodeID},
-		Topology: len(p.cloud.Zones()) > 0, Snapshots: takesSnapshots(p.cloud), KubeletRoot: o.KubeletRoot})
+		Topology: len(p.cloud.Zones()) > 0, Snapshots: takesSnapshots(p.cloud), DiskTypes: diskTypes(p.cloud), KubeletRoot: o.KubeletRoot})
 	if err != nil {
 		return err
 	}
@@ -210,7 +216,7 @@ func (o *Options) complete() (sock string, perm SocketPerm, err error) {
 	if o.DriverName == "" {
 		o.DriverName = driver.DefaultName
 	}
-	if o.NodeID == "" {
+	if o.NodeID == "" && (o.Cloud != "yandex" || o.Mode == driver.ModeController) {
 		h, err := os.Hostname()
 		if err != nil {
 			return "", perm, fmt.Errorf("no --node-id and no hostname: %w", err)
@@ -266,6 +272,14 @@ type sides struct {
 func takesSnapshots(c cloud.Cloud) bool {
 	_, ok := c.(cloud.Snapshotter)
 	return ok
+}
+
+// diskTypes are the provider's disk types (none without cloud.DiskTyper).
+func diskTypes(c cloud.Cloud) []string {
+	if t, ok := c.(cloud.DiskTyper); ok {
+		return t.DiskTypes()
+	}
+	return nil
 }
 
 // confirmSnapshot is the controller's check of a snapshot at the provider,
@@ -480,8 +494,10 @@ func newProvider(ctx context.Context, o Options) (*provider, error) {
 		}
 		m := fakemount.New()
 		return &provider{cloud: c, host: sizedHost{Host: c.Host(o.NodeID), mounter: m}, mounter: m, zone: zone}, nil
+	case "yandex":
+		return newYandex(ctx, o)
 	}
-	return nil, fmt.Errorf("unknown cloud %q (local or fake)", o.Cloud)
+	return nil, fmt.Errorf("unknown cloud %q (local, yandex or fake)", o.Cloud)
 }
 
 // sizedHost keeps the fake mounter's devices the size of the fake cloud's

@@ -78,6 +78,9 @@ type Disk struct {
 	// created (DiskSpec.Source); nil for a disk created empty. The source
 	// may be gone since.
 	Source *DiskSource `json:"source,omitempty"`
+	// Type is the provider's disk type (DiskTyper); empty for a provider
+	// without types.
+	Type string `json:"type,omitempty"`
 }
 
 // DiskSpec describes a disk to create.
@@ -101,6 +104,11 @@ type DiskSpec struct {
 	// same name again with another source is ErrAlreadyExists; with the
 	// same source it returns the disk even if the source is gone since.
 	Source *DiskSource
+	// Type is the disk type, one of the provider's DiskTypes (DiskTyper);
+	// empty means the provider's default. It is part of the idempotency
+	// key: the same name with another type is ErrAlreadyExists. A
+	// provider without types refuses any (ErrInvalid).
+	Type string
 }
 
 // OpKind names what an operation does.
@@ -286,6 +294,23 @@ type Registrar interface {
 	// when it is already known (a repeat call with the same node is a
 	// no-op). A zone the provider does not have is ErrInvalid.
 	RegisterNode(ctx context.Context, node Node) error
+}
+
+// DiskTyper is implemented by providers whose disks have types (a
+// StorageClass names one with its "type" parameter).
+type DiskTyper interface {
+	// DiskTypes lists the types a DiskSpec may name.
+	DiskTypes() []string
+}
+
+// AttachedGrower is implemented by providers that say whether they grow
+// an attached disk. One that does not implement it, or answers false,
+// grows only detached disks: ResizeDisk of an attached disk is
+// ErrAttached, and csid queues the resize of an attached volume for its
+// detach.
+type AttachedGrower interface {
+	// GrowsAttached reports whether ResizeDisk grows an attached disk.
+	GrowsAttached() bool
 }
 
 // MergeTags returns have with tags applied as UpdateDiskTags says (a

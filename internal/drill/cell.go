@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csid-dev/csid/internal/cloud/local"
 	"github.com/csid-dev/csid/internal/crash"
 	"github.com/csid-dev/csid/internal/driver"
 	"github.com/csid-dev/csid/internal/effects"
@@ -24,6 +23,8 @@ import (
 type cell struct {
 	binary   string
 	dir      string
+	cloud    *CellCloud
+	scale    int64  // of the scenarios' sizes (Backend.Scale)
 	point    string // "" for a census
 	hit      int
 	census   string // census file, for a census run
@@ -70,7 +71,7 @@ func (c *cell) run(ctx context.Context, armed bool) error {
 			return err
 		}
 	}
-	p, err := start(ctx, c.binary, c.dir, c.env(armed))
+	p, err := start(ctx, c.binary, c.dir, c.cloud.Args, c.env(armed))
 	if err != nil {
 		return err
 	}
@@ -161,6 +162,7 @@ var (
 const mib = int64(1) << 20
 
 func (c *cell) create(ctx context.Context, name string, size int64, vc *csi.VolumeCapability) error {
+	size *= c.scale
 	v := &volume{size: size, capability: vc}
 	err := c.call(ctx, "CreateVolume "+name, codes.OK, func(ctx context.Context, cl clients) error {
 		resp, err := cl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name,
@@ -250,6 +252,7 @@ func (c *cell) unpublish(ctx context.Context, name string) error {
 // expand asks for size; want is FailedPrecondition while the volume is
 // attached (the resize is queued), OK once it has run.
 func (c *cell) expand(ctx context.Context, name string, size int64, want codes.Code) error {
+	size *= c.scale
 	v := c.vols[name]
 	return c.call(ctx, fmt.Sprintf("ControllerExpandVolume %s to %d", name, size), want, func(ctx context.Context, cl clients) error {
 		resp, err := cl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: v.id,
@@ -324,11 +327,11 @@ func (c *cell) checkData(name string) error {
 // or at least unstaged): it must find nothing to repair.
 func (c *cell) checkFsck(ctx context.Context, name string) error {
 	v := c.vols[name]
-	in, err := local.OpenInspector(c.dir)
+	img, err := c.cloud.ImagePath(v.context[effects.PublishContextDiskID])
 	if err != nil {
 		return err
 	}
-	out, err := exec.CommandContext(ctx, "e2fsck", "-fn", in.ImagePath(v.context[effects.PublishContextDiskID])).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "e2fsck", "-fn", img).CombinedOutput()
 	if err != nil || strings.Contains(string(out), "? no") {
 		return fmt.Errorf("e2fsck -fn of %s: %v: %s", name, err, strings.TrimSpace(string(out)))
 	}

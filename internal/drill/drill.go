@@ -53,6 +53,9 @@ type Config struct {
 	Keep bool
 	// Progress, if set, receives one line per cell as it starts.
 	Progress func(done, total int, c Cell)
+	// Backend, if set, is the cloud csid runs on instead of the local
+	// backend (its scenarios that need the local backend are refused).
+	Backend *Backend
 }
 
 // Cell is one case of the matrix: a scenario with csid killed at one hit of
@@ -159,6 +162,13 @@ func (cfg *Config) check() ([]scenario, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if cfg.Backend != nil {
+		for _, sc := range scenarios {
+			if sc.localOnly {
+				return nil, nil, fmt.Errorf("scenario %s needs the local backend, not %s", sc.Name, cfg.Backend.Name)
+			}
+		}
+	}
 	points := slices.Sorted(slices.Values(cfg.Points)) // a copy: the caller's slice stays as it was
 	if len(points) == 0 {
 		points = slices.Sorted(maps.Keys(crash.Points))
@@ -244,7 +254,12 @@ func runCensus(ctx context.Context, cfg Config, sc scenario) (map[string]int, er
 		return nil, err
 	}
 	defer scrub(dir, false)
-	c := &cell{binary: cfg.Binary, dir: dir, census: filepath.Join(dir, "census"), vols: map[string]*volume{}, snaps: map[string]*snap{}}
+	cc, err := cfg.openCloud(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Close()
+	c := &cell{binary: cfg.Binary, dir: dir, cloud: cc, scale: cfg.scale(), census: filepath.Join(dir, "census"), vols: map[string]*volume{}, snaps: map[string]*snap{}}
 	if err := c.scenario(ctx, sc); err != nil {
 		return nil, fmt.Errorf("%w (logs in %s/csid.log)", err, dir)
 	}
@@ -289,10 +304,16 @@ func runCell(ctx context.Context, cfg Config, sc scenario, point string, hit int
 		res.Result, res.Reason = Fail, err.Error()
 		return res
 	}
-	c := &cell{binary: cfg.Binary, dir: dir, point: point, hit: hit, vols: map[string]*volume{}, snaps: map[string]*snap{}}
+	cc, err := cfg.openCloud(ctx, dir)
+	if err != nil {
+		res.Result, res.Reason, res.Dir = Fail, err.Error(), dir
+		return res
+	}
+	defer cc.Close()
+	c := &cell{binary: cfg.Binary, dir: dir, cloud: cc, scale: cfg.scale(), point: point, hit: hit, vols: map[string]*volume{}, snaps: map[string]*snap{}}
 	err = c.scenario(ctx, sc)
 	if err == nil {
-		err = verify(ctx, dir, c.refused, len(c.snaps) > 0)
+		err = verify(ctx, dir, cc, c.refused, len(c.snaps) > 0)
 	}
 	fired, _ := os.ReadFile(filepath.Join(dir, "fired"))
 	res.Restarts = c.restarts

@@ -35,10 +35,10 @@ type clients struct {
 	csi.NodeClient
 }
 
-// start runs `csid serve` on the cell's state dir with the given extra
-// environment (a crash point, a census), appending its output to csid.log,
-// and waits until it answers Probe as ready.
-func start(ctx context.Context, binary, dir string, env []string) (*proc, error) {
+// start runs `csid serve` on the cell's state dir with the cloud's flags
+// and the given extra environment (a crash point, a census), appending its
+// output to csid.log, and waits until it answers Probe as ready.
+func start(ctx context.Context, binary, dir string, cloudArgs, env []string) (*proc, error) {
 	socket := filepath.Join(dir, "csi.sock")
 	logf, err := os.OpenFile(filepath.Join(dir, "csid.log"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -46,6 +46,7 @@ func start(ctx context.Context, binary, dir string, env []string) (*proc, error)
 	}
 	args := []string{binary, "serve", "--state-dir", dir, "--endpoint", "unix://" + socket,
 		"--node-id", NodeID, "--log-format", "json", "--shutdown-timeout", "5s"}
+	args = append(args, cloudArgs...)
 	// Without CAP_SYS_RESOURCE, csid grows ext4 offline: the growth with
 	// crash points of its own (the kernel journals an online one).
 	if setpriv, err := exec.LookPath("setpriv"); err == nil {

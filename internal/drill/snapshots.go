@@ -47,6 +47,7 @@ func (c *cell) deleteSnapshot(ctx context.Context, name string) error {
 // createFrom creates filesystem volume name of size bytes from a snapshot
 // (fromSnap) or a volume: it holds the data its source held.
 func (c *cell) createFrom(ctx context.Context, name string, size int64, fromSnap, fromVol string) error {
+	size *= c.scale
 	v := &volume{size: size, capability: mountCap}
 	src := &csi.VolumeContentSource{}
 	if fromSnap != "" {

@@ -24,7 +24,7 @@ import (
 // refused ops are the failures the scenario asked for; snapshots says the
 // scenario took snapshots (then the provider's must be read, and none
 // left).
-func verify(ctx context.Context, dir string, refused []refusal, snapshots bool) error {
+func verify(ctx context.Context, dir string, cc *CellCloud, refused []refusal, snapshots bool) error {
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 
@@ -44,14 +44,18 @@ func verify(ctx context.Context, dir string, refused []refusal, snapshots bool) 
 
 	// Leaks: what csid check would report, on the stopped driver's state
 	// file, the local cloud and the host.
-	insp, err := local.OpenInspector(dir)
+	insp, err := cc.Inspect(ctx)
 	if err != nil {
 		return err
+	}
+	var freezes func() ([]check.Freeze, error)
+	if l, ok := insp.(*local.Inspector); ok {
+		freezes = check.LocalFreezes(l)
 	}
 	in, err := check.Gather(ctx, check.Sources{
 		Records:     []check.RecordSource{{Name: "csid.db", Mode: string(driver.ModeAll), Source: view.NewStoreSource(st, view.Info{Mode: string(driver.ModeAll)})}},
 		Cloud:       insp,
-		Freezes:     check.LocalFreezes(insp),
+		Freezes:     freezes,
 		Mounts:      mounter.New(),
 		HostNodes:   []string{NodeID},
 		DriverName:  driver.DefaultName,

@@ -55,7 +55,7 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if why != "" {
 		return nil, invalid("%s", why)
 	}
-	if err := checkParameters(req.GetParameters()); err != nil {
+	if err := checkParameters(req.GetParameters(), d.cfg.DiskTypes); err != nil {
 		return nil, err
 	}
 	src, err := d.contentSource(req.GetVolumeContentSource())
@@ -216,7 +216,7 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 		why = unsupported("volume " + v.ID + " is a " + v.Capability.AccessType + " volume")
 	}
 	if why == "" {
-		if err := checkParameters(req.GetParameters()); err != nil {
+		if err := checkParameters(req.GetParameters(), d.cfg.DiskTypes); err != nil {
 			why = unsupported(status.Convert(err).Message())
 		}
 	}
@@ -318,7 +318,7 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 			return &csi.GetCapacityResponse{}, nil // no capacity for what csid cannot create
 		}
 	}
-	if checkParameters(req.GetParameters()) != nil {
+	if checkParameters(req.GetParameters(), d.cfg.DiskTypes) != nil {
 		return &csi.GetCapacityResponse{}, nil
 	}
 	avail, err := d.cfg.Controller.Capacity(ctx, zone)

@@ -104,6 +104,10 @@ type Config struct {
 	// controller advertises CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS,
 	// GET_SNAPSHOT and CLONE_VOLUME, and serves them.
 	Snapshots bool
+	// DiskTypes are the provider's disk types (cloud.DiskTyper): a
+	// StorageClass may name one with the parameter "type"; without any,
+	// the parameter is refused.
+	DiskTypes []string
 	// KubeletRoot, when set, is kubelet's root directory: every staging
 	// and target path of a node request must lie under it
 	// (InvalidArgument otherwise). Empty: any absolute path (all-in-one,

@@ -108,7 +108,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := required("source_volume_id", req.GetSourceVolumeId()); err != nil {
 		return nil, err
 	}
-	if err := checkParameters(req.GetParameters()); err != nil {
+	if err := checkParameters(req.GetParameters(), nil); err != nil {
 		return nil, err
 	}
 	zones, err := d.zones(req.GetAccessibilityRequirements())

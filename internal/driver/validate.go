@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/ops"
 	"github.com/csid-dev/csid/internal/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -135,19 +137,34 @@ func mapBytes(m map[string]string) int {
 }
 
 // checkParameters accepts the parameters Kubernetes adds (every key under
-// csi.storage.k8s.io/) and refuses anything else, naming it: csid has no
-// StorageClass parameters of its own yet, and a silently ignored typo is
-// worse than an error.
-func checkParameters(params map[string]string) error {
+// csi.storage.k8s.io/) and, where the provider has disk types (diskTypes
+// not empty), "type" naming one of them; it refuses anything else, naming
+// it: a silently ignored typo is worse than an error.
+func checkParameters(params map[string]string, diskTypes []string) error {
 	if n := mapBytes(params); n > MaxMapBytes {
 		return invalid("parameters are %d bytes; at most %d are allowed", n, MaxMapBytes)
 	}
-	for k := range params {
-		if !strings.HasPrefix(k, "csi.storage.k8s.io/") {
-			return invalid("unknown parameter %q: csid accepts only the csi.storage.k8s.io/ parameters Kubernetes adds", k)
+	for k, v := range params {
+		switch {
+		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
+		case k == ops.ParamDiskType && len(diskTypes) > 0:
+			if !slices.Contains(diskTypes, v) {
+				return invalid("parameter %s=%q is not one of this provider's disk types %v", k, v, diskTypes)
+			}
+		case k == ops.ParamDiskType:
+			return invalid("parameter %s: this provider's disks have no types", k)
+		default:
+			return invalid("unknown parameter %q: csid accepts the csi.storage.k8s.io/ parameters Kubernetes adds%s", k, typeNote(diskTypes))
 		}
 	}
 	return nil
+}
+
+func typeNote(diskTypes []string) string {
+	if len(diskTypes) == 0 {
+		return ""
+	}
+	return " and " + ops.ParamDiskType + " (one of " + strings.Join(diskTypes, ", ") + ")"
 }
 
 // unsupported says why csid cannot serve a capability.

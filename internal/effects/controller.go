@@ -227,7 +227,8 @@ func diskSpec(volumeID, zone, driver string, a *ops.CreateArgs, src *store.Sourc
 	if src != nil {
 		tags[TagSource] = SourceTag(src)
 	}
-	return cloud.DiskSpec{Name: volumeID, SizeBytes: a.SizeBytes, Zone: zone, Tags: tags, Source: diskSource(src)}, nil
+	return cloud.DiskSpec{Name: volumeID, SizeBytes: a.SizeBytes, Zone: zone, Tags: tags, Source: diskSource(src),
+		Type: a.Parameters[ops.ParamDiskType]}, nil
 }
 
 type deleteExec struct{ c cloud.Cloud }

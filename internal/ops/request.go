@@ -34,6 +34,11 @@ func (r Request) subject() string {
 	return "volume " + r.VolumeID
 }
 
+// ParamDiskType is the StorageClass parameter that names the disk type, on
+// a provider whose disks have types (cloud.DiskTyper); csid refuses it
+// elsewhere.
+const ParamDiskType = "type"
+
 // CreateArgs are the arguments of create.
 type CreateArgs struct {
 	// Name is the CO's name for the volume: the idempotency key.

@@ -40,6 +40,11 @@ type Provider struct {
 	// only.
 	WriteDisk func(t *testing.T, diskID string, off int64, data []byte)
 	ReadDisk  func(t *testing.T, diskID string, off int64, n int) []byte
+	// MaxAttachments, when set, is the attach limit the provider reports
+	// for every node (a setting of the provider, as Yandex's: its API does
+	// not say), whatever the limit AddNode gave the node; the provider
+	// still enforces the node's own.
+	MaxAttachments int
 }
 
 const (
@@ -472,7 +477,9 @@ func testUpdateTags(t *testing.T, h *harness) {
 	}
 	op, err := h.c.UpdateDiskTags(ctx(t), id, map[string]string{"": "x"})
 	h.refused("an empty tag name", op, err, cloud.ErrInvalid)
-	op, err = h.c.UpdateDiskTags(ctx(t), "disk-0000000000000bad", map[string]string{"a": "b"})
+	gone := h.create("pvc-gone", gib)
+	h.do(h.c.DeleteDisk(ctx(t), gone.ID))
+	op, err = h.c.UpdateDiskTags(ctx(t), gone.ID, map[string]string{"a": "b"})
 	h.refused("tags of an unknown disk", op, err, cloud.ErrNotFound)
 	op, err = h.c.UpdateDiskTags(ctx(t), "../etc/passwd", map[string]string{"a": "b"})
 	h.refused("tags of a malformed disk id", op, err, cloud.ErrInvalid)
@@ -646,15 +653,21 @@ func testNodes(t *testing.T, h *harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.ID != "node-a" || n.MaxAttachments != 3 {
-		t.Fatalf("GetNode = %+v", n)
+	want := func(limit int) int {
+		if h.p.MaxAttachments > 0 {
+			return h.p.MaxAttachments
+		}
+		return limit
+	}
+	if n.ID != "node-a" || n.MaxAttachments != want(3) {
+		t.Fatalf("GetNode = %+v, want %d attachments", n, want(3))
 	}
 	if zones := h.c.Zones(); len(zones) > 0 && n.Zone != zones[0] {
 		t.Errorf("node zone = %q, want the default %q", n.Zone, zones[0])
 	}
 	// Registering again updates the node.
 	h.addNode(cloud.Node{ID: "node-a", MaxAttachments: 5})
-	if n, err := h.c.GetNode(ctx(t), "node-a"); err != nil || n.MaxAttachments != 5 {
+	if n, err := h.c.GetNode(ctx(t), "node-a"); err != nil || n.MaxAttachments != want(5) {
 		t.Fatalf("after re-registering: %+v, %v", n, err)
 	}
 }

@@ -1,0 +1,108 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/csid-dev/csid/internal/cloud/yandex"
+	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/mounter"
+)
+
+// YandexOptions are the settings of Cloud "yandex" (the --yandex-* flags).
+type YandexOptions struct {
+	// Endpoint is the API endpoint (yandex.DefaultEndpoint when empty);
+	// Insecure talks plaintext gRPC to it (a fake API, in tests).
+	Endpoint string
+	Insecure bool
+	FolderID string
+	// KeyFile is a service-account key file; empty: the instance's
+	// service account, through the metadata service.
+	KeyFile string
+	// Zones are the zones of disks, the first the default; empty: those
+	// the API lists.
+	Zones []string
+	// MetadataURL is the instance metadata service (for the node id and
+	// zone when not given, and the instance's service account).
+	MetadataURL string
+	// ByIDDir is where a node finds its disks' by-id links.
+	ByIDDir string
+	// MaxDisks is the disks an instance holds (yandex.DefaultMaxDisks
+	// when 0).
+	MaxDisks int
+	// RateLimit (calls per second) and RateBurst pace the calls to the API.
+	RateLimit float64
+	RateBurst int
+	// LoopSerial proves a device's identity by the name of its loop
+	// device's backing file instead of its virtio serial: for a test's
+	// node simulator, which stands loop devices in for attached disks.
+	LoopSerial bool
+}
+
+// yandexNode fills in o.NodeID and o.Zone from the instance metadata
+// service where they are not given, on the node side (a controller's node
+// id names nothing in the cloud).
+func (o *Options) yandexNode(ctx context.Context) error {
+	if o.Cloud != "yandex" || o.Mode == driver.ModeController {
+		return nil
+	}
+	if o.NodeID != "" && o.Zone != "" {
+		return nil
+	}
+	md := yandex.NewMetadata(o.Yandex.MetadataURL)
+	if o.NodeID == "" {
+		id, err := md.InstanceID(ctx)
+		if err != nil {
+			return fmt.Errorf("no --node-id: the instance id from the metadata service: %w", err)
+		}
+		o.NodeID = id
+	}
+	if o.Zone == "" {
+		z, err := md.Zone(ctx)
+		if err != nil {
+			return fmt.Errorf("no --zone: the instance's zone from the metadata service: %w", err)
+		}
+		o.Zone = z
+	}
+	return nil
+}
+
+// newYandex is the provider of Cloud "yandex".
+func newYandex(ctx context.Context, o Options) (*provider, error) {
+	y := o.Yandex
+	c, err := yandex.New(ctx, yandex.Options{Endpoint: y.Endpoint, Insecure: y.Insecure, FolderID: y.FolderID,
+		KeyFile: y.KeyFile, MetadataURL: y.MetadataURL, Zones: y.Zones, MaxDisks: y.MaxDisks,
+		RateLimit: y.RateLimit, Burst: y.RateBurst, Driver: o.DriverName})
+	if err != nil {
+		return nil, err
+	}
+	serial := yandex.VirtioSerial
+	if y.LoopSerial {
+		serial = loopBackingName
+	}
+	host := yandex.NewHost(yandex.HostOptions{InstanceID: o.NodeID, Cloud: c, ByIDDir: y.ByIDDir, Serial: serial})
+	m := mounter.NewWithState(filepath.Join(o.StateDir, GrowDir))
+	return &provider{cloud: c, host: host, mounter: m, zone: o.Zone}, nil
+}
+
+// loopBackingName is the identity of a loop device standing in for a
+// disk: the base name of its backing file (the node simulator names each
+// disk's image after the disk id), read through the open descriptor's
+// device number.
+func loopBackingName(f *os.File) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return "", fmt.Errorf("fstat %s: %w", f.Name(), err)
+	}
+	p := fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "", fmt.Errorf("%s is not a loop device with a backing file: %w", f.Name(), err)
+	}
+	return filepath.Base(strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")), nil
+}

@@ -1,0 +1,47 @@
+package app
+
+import (
+	"context"
+	"testing"
+
+	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
+	"github.com/csid-dev/csid/internal/driver"
+)
+
+// A node on Yandex without --node-id and --zone takes them from the
+// instance metadata service; given, they are kept; a controller asks
+// nothing.
+func TestYandexNodeFromMetadata(t *testing.T) {
+	f, err := yandexfake.Start(context.Background(), yandexfake.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	md := f.MetadataServer("fhmnode0000000000001", "ru-central1-b", f.FolderID())
+	ctx := context.Background()
+	for _, tc := range []struct {
+		mode             driver.Mode
+		nodeID, zone     string
+		wantID, wantZone string
+	}{
+		{driver.ModeNode, "", "", "fhmnode0000000000001", "ru-central1-b"},
+		{driver.ModeAll, "", "", "fhmnode0000000000001", "ru-central1-b"},
+		{driver.ModeNode, "given", "", "given", "ru-central1-b"},
+		{driver.ModeNode, "given", "zone-given", "given", "zone-given"},
+		{driver.ModeController, "", "", "", ""},
+	} {
+		o := Options{Cloud: "yandex", Mode: tc.mode, NodeID: tc.nodeID, Zone: tc.zone, Yandex: YandexOptions{MetadataURL: md.URL}}
+		if err := o.yandexNode(ctx); err != nil {
+			t.Fatalf("%+v: %v", tc, err)
+		}
+		if o.NodeID != tc.wantID || o.Zone != tc.wantZone {
+			t.Errorf("%s with node %q, zone %q: got %q, %q; want %q, %q", tc.mode, tc.nodeID, tc.zone, o.NodeID, o.Zone, tc.wantID, tc.wantZone)
+		}
+	}
+	// No metadata service: a node without --node-id cannot start, and says
+	// why.
+	o := Options{Cloud: "yandex", Mode: driver.ModeNode, Yandex: YandexOptions{MetadataURL: "http://127.0.0.1:1"}}
+	if err := o.yandexNode(ctx); err == nil {
+		t.Fatalf("no metadata service: node id %q, want an error", o.NodeID)
+	}
+}

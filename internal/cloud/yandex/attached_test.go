@@ -1,0 +1,76 @@
+package yandex
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
+)
+
+// The API's refusal to grow an attached disk is ErrAttached (csid's queue),
+// never an untyped error (Internal): whether the call itself is refused
+// (the disk attached since csid looked) or the operation fails.
+func TestAttachedGrowRefusalIsErrAttached(t *testing.T) {
+	f, keyFile := StartFake(t, yandexfake.Options{})
+	zone := f.Zones()[0]
+	if err := f.AddInstance("node-a", zone, 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c, err := New(ctx, Options{Endpoint: f.Endpoint(), Insecure: true, FolderID: f.FolderID(), KeyFile: keyFile,
+		Zones: []string{zone}, Driver: "csid.dev", PollInterval: time.Millisecond, Backoff: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	do := func(op cloud.Operation, err error) cloud.Disk {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := c.WaitOperation(ctx, op.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d := do(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30}))
+
+	// The grow's operation fails with FailedPrecondition, the disk detached:
+	// busy, worth another try.
+	f.FailOperations(yandexfake.MethodDiskUpdate, codes.FailedPrecondition, 2)
+	op, err := c.ResizeDisk(ctx, d.ID, 2<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitOperation(ctx, op.ID); !errors.Is(err, cloud.ErrTransient) || errors.Is(err, cloud.ErrAttached) {
+		t.Fatalf("a grow operation failed with FailedPrecondition, the disk detached: %v, want ErrTransient", err)
+	}
+	// Again, and the disk attached by the time csid reads the failure: the
+	// queue's error.
+	op, err = c.ResizeDisk(ctx, d.ID, 2<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	do(c.AttachDisk(ctx, d.ID, "node-a")) // the failed grow has ended: the attach may start
+	if _, err := c.WaitOperation(ctx, op.ID); !errors.Is(err, cloud.ErrAttached) {
+		t.Fatalf("a grow operation failed with FailedPrecondition, the disk attached: %v, want ErrAttached", err)
+	}
+
+	// The call refused, and the disk found attached when csid looks again.
+	refusal := apiError(status.Error(codes.FailedPrecondition, "disk is attached to a running instance"), "grow")
+	if err := c.refused(ctx, refusal, d.ID); !errors.Is(err, cloud.ErrAttached) {
+		t.Fatalf("a grow refused with the disk attached: %v, want ErrAttached", err)
+	}
+	// Refused while detached: busy, worth another try, not the queue.
+	do(c.DetachDisk(ctx, d.ID, "node-a"))
+	if err := c.refused(ctx, refusal, d.ID); !errors.Is(err, cloud.ErrTransient) || errors.Is(err, cloud.ErrAttached) {
+		t.Fatalf("a grow refused with the disk detached: %v, want ErrTransient", err)
+	}
+}

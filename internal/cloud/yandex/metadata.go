@@ -1,0 +1,123 @@
+package yandex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// metadataURL is the metadata service every Yandex Compute instance
+// reaches (its GCE-compatible API).
+const metadataURL = "http://169.254.169.254"
+
+// Metadata reads what an instance knows of itself from the metadata
+// service: its id (the node id) and zone. Each read is bounded (a short
+// timeout per attempt, a few attempts with a growing pause), so a node
+// that is not on Yandex Compute fails at start-up within seconds, saying
+// so, instead of hanging.
+type Metadata struct {
+	base     string
+	client   *http.Client
+	attempts int
+	pause    time.Duration
+}
+
+// Metadata's bounds.
+const (
+	metadataTimeout  = 2 * time.Second
+	metadataAttempts = 4
+	metadataPause    = 200 * time.Millisecond
+	metadataMaxBody  = 4 << 10
+)
+
+// NewMetadata returns a reader of the metadata service at url (default
+// http://169.254.169.254 when empty).
+func NewMetadata(url string) *Metadata {
+	if url == "" {
+		url = metadataURL
+	}
+	return &Metadata{base: strings.TrimRight(url, "/"), client: &http.Client{Timeout: metadataTimeout},
+		attempts: metadataAttempts, pause: metadataPause}
+}
+
+// metadataValue is what an id or a zone may be: nothing that could be a
+// path or carry a control character.
+var metadataValue = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// InstanceID is this instance's id.
+func (m *Metadata) InstanceID(ctx context.Context) (string, error) {
+	return m.value(ctx, "instance/id")
+}
+
+// Zone is this instance's zone, e.g. ru-central1-a (the service answers
+// projects/<folder>/zones/<zone>, as GCE's does; the last element is it).
+func (m *Metadata) Zone(ctx context.Context) (string, error) {
+	return m.value(ctx, "instance/zone")
+}
+
+// value reads computeMetadata/v1/<key>, retrying what may pass (a network
+// error, a 5xx or 429 answer) and not what will not (another status, a
+// malformed value).
+func (m *Metadata) value(ctx context.Context, key string) (string, error) {
+	url := m.base + "/computeMetadata/v1/" + key
+	var last error
+	pause := m.pause
+	for attempt := range m.attempts {
+		if attempt > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return "", fmt.Errorf("metadata %s: %w (last: %v)", key, ctx.Err(), last)
+			case <-t.C:
+			}
+			pause *= 2
+		}
+		raw, retry, err := m.get(ctx, url)
+		if err == nil {
+			v := path.Base(strings.TrimSpace(raw))
+			if !metadataValue.MatchString(v) {
+				return "", fmt.Errorf("metadata %s: the service answered %q, which is no %s", key, raw, path.Base(key))
+			}
+			return v, nil
+		}
+		if !retry {
+			return "", fmt.Errorf("metadata %s: %w", key, err)
+		}
+		last = err
+	}
+	return "", fmt.Errorf("metadata %s: no answer from %s in %d attempts (is this a Yandex Compute instance? set the flag instead): %w",
+		key, m.base, m.attempts, last)
+}
+
+// errMetadataStatus: the service answered with a status that is not 200.
+var errMetadataStatus = errors.New("unexpected status")
+
+// get makes one request; retry says whether another may succeed.
+func (m *Metadata) get(ctx context.Context, url string) (body string, retry bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", false, err
+	}
+	req.Header.Set("Metadata-Flavor", "Google")
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return "", ctx.Err() == nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, metadataMaxBody))
+	if err != nil {
+		return "", true, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		retry := resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests
+		return "", retry, fmt.Errorf("%s: %s: %w", url, resp.Status, errMetadataStatus)
+	}
+	return string(b), false, nil
+}

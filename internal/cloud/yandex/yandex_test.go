@@ -1,0 +1,204 @@
+package yandex_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/cloudtest"
+	"github.com/csid-dev/csid/internal/cloud/yandex"
+	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
+)
+
+var zones = []string{"ru-central1-a", "ru-central1-b"}
+
+// startFake starts a fake API in the test zones (export_test.go).
+func startFake(t *testing.T, opts yandexfake.Options) (*yandexfake.Fake, string) {
+	t.Helper()
+	if opts.Zones == nil {
+		opts.Zones = zones
+	}
+	return yandex.StartFake(t, opts)
+}
+
+// options are the backend's options on fake f: quick polls and backoffs, a
+// rate limit that does not slow the suite.
+func options(f *yandexfake.Fake, keyFile string) yandex.Options {
+	return yandex.Options{Endpoint: f.Endpoint(), Insecure: true, FolderID: f.FolderID(), KeyFile: keyFile,
+		Zones: zones, Driver: "csid.dev", RateLimit: 1000, Burst: 1000, PollInterval: time.Millisecond,
+		Backoff: time.Millisecond}
+}
+
+func open(t *testing.T, o yandex.Options) *yandex.Cloud {
+	t.Helper()
+	c, err := yandex.New(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func provider(setup func(f *yandexfake.Fake)) func(t *testing.T) cloudtest.Provider {
+	return func(t *testing.T) cloudtest.Provider {
+		f, key := startFake(t, yandexfake.Options{})
+		if setup != nil {
+			setup(f)
+		}
+		o := options(f, key)
+		return cloudtest.Provider{
+			Cloud: open(t, o),
+			AddNode: func(t *testing.T, n cloud.Node) {
+				zone := n.Zone
+				if zone == "" {
+					zone = zones[0]
+				}
+				if err := f.AddInstance(n.ID, zone, n.MaxAttachments); err != nil {
+					t.Fatal(err)
+				}
+			},
+			Reopen:         func(t *testing.T) cloud.Cloud { return open(t, o) },
+			MaxAttachments: yandex.DefaultMaxDisks,
+		}
+	}
+}
+
+func TestContract(t *testing.T) {
+	cloudtest.Run(t, provider(nil))
+}
+
+// Operations that take a while: every call returns one still running, and
+// waits (also resumed ones) poll it to its end.
+func TestContractWithLatency(t *testing.T) {
+	cloudtest.Run(t, provider(func(f *yandexfake.Fake) {
+		f.SetOperationDelay(20 * time.Millisecond)
+		for _, m := range []string{yandexfake.MethodDiskGet, yandexfake.MethodDiskList, yandexfake.MethodOperationGet} {
+			f.SetLatency(m, 2*time.Millisecond)
+		}
+	}))
+}
+
+// A flaky API: calls refused for load and unavailable now and then; the
+// client backs off and retries, and the contract holds.
+func TestContractWithFaults(t *testing.T) {
+	cloudtest.Run(t, provider(func(f *yandexfake.Fake) {
+		for _, m := range []string{yandexfake.MethodDiskGet, yandexfake.MethodDiskCreate, yandexfake.MethodDiskList,
+			yandexfake.MethodInstanceAttach, yandexfake.MethodOperationGet, yandexfake.MethodDiskUpdate} {
+			f.FailCalls(m, codes.Unavailable, 2)
+		}
+		f.Throttle(yandexfake.Throttling{Calls: 3})
+	}))
+}
+
+// The disk type is part of a create's idempotency: the same name and size
+// of another type is ErrAlreadyExists; a type Yandex does not have is
+// ErrInvalid; the type is reported with the disk.
+func TestCreateDiskTypeIsPartOfTheName(t *testing.T) {
+	f, key := startFake(t, yandexfake.Options{})
+	c := open(t, options(f, key))
+	ctx := context.Background()
+	wait := func(op cloud.Operation, err error) (cloud.Disk, error) {
+		if err != nil {
+			return cloud.Disk{}, err
+		}
+		return c.WaitOperation(ctx, op.ID)
+	}
+	ssd, err := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30, Type: "network-ssd"}))
+	if err != nil || ssd.Type != "network-ssd" {
+		t.Fatalf("create of a network-ssd disk: %+v, %v", ssd, err)
+	}
+	if again, err := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30, Type: "network-ssd"})); err != nil || again.ID != ssd.ID {
+		t.Fatalf("repeat create: %+v, %v; want %s", again, err, ssd.ID)
+	}
+	for _, typ := range []string{"network-hdd", ""} {
+		if _, err := c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30, Type: typ}); !errors.Is(err, cloud.ErrAlreadyExists) {
+			t.Errorf("create of vol-1 as %q: %v, want ErrAlreadyExists", typ, err)
+		}
+	}
+	if _, err := c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-2", SizeBytes: 1 << 30, Type: "floppy"}); !errors.Is(err, cloud.ErrInvalid) {
+		t.Errorf("create of a floppy: %v, want ErrInvalid", err)
+	}
+	hdd, err := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-3", SizeBytes: 1 << 30}))
+	if err != nil || hdd.Type != yandex.DefaultDiskType {
+		t.Fatalf("create without a type: %+v, %v; want %s", hdd, err, yandex.DefaultDiskType)
+	}
+}
+
+// Another csid's disks (another driver name in the same folder) are not
+// this one's: not listed, not found, not deleted.
+func TestOnlyItsOwnDisks(t *testing.T) {
+	f, key := startFake(t, yandexfake.Options{})
+	mine := open(t, options(f, key))
+	o := options(f, key)
+	o.Driver = "other.csid.dev"
+	theirs := open(t, o)
+	ctx := context.Background()
+	op, err := theirs.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-theirs", SizeBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := theirs.WaitOperation(ctx, op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if page, err := mine.ListDisks(ctx, cloud.ListOptions{}); err != nil || len(page.Disks) != 0 {
+		t.Fatalf("ListDisks lists another csid's disks: %+v, %v", page, err)
+	}
+	if _, err := mine.GetDisk(ctx, d.ID); !errors.Is(err, cloud.ErrNotFound) {
+		t.Fatalf("GetDisk of another csid's disk: %v, want ErrNotFound", err)
+	}
+	if _, err := mine.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-theirs", SizeBytes: 1 << 30}); !errors.Is(err, cloud.ErrAlreadyExists) {
+		t.Fatalf("create of another csid's disk's name: %v, want ErrAlreadyExists", err)
+	}
+	if op, err := mine.DeleteDisk(ctx, d.ID); err != nil || !op.Done {
+		t.Fatalf("DeleteDisk of another csid's disk: %+v, %v; want done at once (nothing of ours)", op, err)
+	}
+	if _, err := theirs.GetDisk(ctx, d.ID); err != nil {
+		t.Fatalf("another csid's disk after our delete: %v", err)
+	}
+}
+
+// IAM tokens are renewed before they expire: calls made back to back
+// across several token lifetimes never reach the API with a token that
+// expired in flight (the SDK alone uses a token up to its last instant).
+func TestTokensRenewBeforeTheyExpire(t *testing.T) {
+	f, key := startFake(t, yandexfake.Options{})
+	f.SetTokenTTL(300 * time.Millisecond)
+	c := open(t, options(f, key))
+	ctx := context.Background()
+	if err := f.AddInstance("node-a", zones[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	calls, failed := 0, 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); calls++ {
+		if _, err := c.GetNode(ctx, "node-a"); err != nil {
+			failed++
+			t.Logf("call %d: %v", calls, err)
+		}
+	}
+	exchanges := len(f.Calls(yandexfake.MethodIAMTokenCreate))
+	if failed > 0 || exchanges < 5 {
+		t.Fatalf("%d of %d calls failed; %d token exchanges", failed, calls, exchanges)
+	}
+	t.Logf("%d calls, %d token exchanges", calls, exchanges)
+}
+
+// Without a key file, the backend authenticates as the instance's service
+// account, with tokens from the metadata service.
+func TestInstanceServiceAccount(t *testing.T) {
+	f, _ := startFake(t, yandexfake.Options{})
+	md := f.MetadataServer("fhmnode0000000000001", zones[0], f.FolderID())
+	o := options(f, "")
+	o.MetadataURL = md.URL
+	c := open(t, o)
+	if _, err := c.ListDisks(context.Background(), cloud.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.Calls(yandexfake.MethodIAMTokenCreate)); n != 0 {
+		t.Fatalf("%d JWT exchanges; the instance's tokens come from the metadata service", n)
+	}
+}
