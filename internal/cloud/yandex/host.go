@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
@@ -81,11 +80,6 @@ func NewHost(o HostOptions) cloud.Host {
 // NodeID is the instance this host is.
 func (h *Host) NodeID() string { return h.instance }
 
-// hostDiskID matches a Yandex disk id: 20 lower-case letters and digits,
-// the first a letter (a virtio serial holds at most 20 characters, so the device name,
-// the disk id, fits whole). Nothing else is made into a path.
-var hostDiskID = regexp.MustCompile(`^[a-z][a-z0-9]{19}$`)
-
 // maxHostLookups bounds how often OpenDevice looks a disk's link up again
 // after the device it named failed to prove to be the disk.
 const maxHostLookups = 3
@@ -109,8 +103,8 @@ var errNotProven = errors.New("not the disk's device")
 // device, a link to a link, a hint reused by another disk) is dropped and
 // the link read again, at most maxHostLookups times, then ErrIdentity.
 func (h *Host) OpenDevice(ctx context.Context, diskID string, opts cloud.OpenOptions) (*cloud.Device, error) {
-	if !hostDiskID.MatchString(diskID) {
-		return nil, fmt.Errorf("disk %q: not a Yandex disk id: %w", diskID, cloud.ErrNotFound)
+	if err := checkDiskID(diskID, true); err != nil {
+		return nil, err
 	}
 	d, err := h.cloud.GetDisk(ctx, diskID)
 	if err != nil {
@@ -358,7 +352,7 @@ func (h *Host) entries() ([]string, error) {
 	}
 	var ids []string
 	for _, name := range names {
-		if id, ok := strings.CutPrefix(name, linkPrefix); ok && hostDiskID.MatchString(id) {
+		if id, ok := strings.CutPrefix(name, linkPrefix); ok && idPattern.MatchString(id) {
 			ids = append(ids, id)
 		}
 	}
