@@ -1,0 +1,236 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csid-dev/csid/internal/app"
+	"github.com/csid-dev/csid/internal/app/apptest"
+	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/yandex"
+	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
+	"github.com/csid-dev/csid/internal/driver"
+	"github.com/csid-dev/csid/internal/effects"
+	"github.com/csid-dev/csid/internal/loopdev"
+	"github.com/csid-dev/csid/internal/testutil"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc/codes"
+)
+
+// The Yandex stories run csid in-process (app.Run, the real wiring of
+// --cloud yandex) against a fake of the Yandex API (yandexfake: the
+// vendor's generated gRPC services, reached through the Yandex SDK over a
+// real connection). Each instance csid runs on is simulated by a loop
+// node: a disk attached to it becomes a loop device bound to an image
+// named after the disk id, linked from a by-id directory the test owns, as
+// virtio-<disk id>; csid proves a device by its loop backing file's name
+// (YandexOptions.LoopSerial) where a real node reads its virtio serial.
+
+const yandexZone = "ru-central1-a"
+
+// yandexCloud is a fake Yandex API for a test, with a service-account key
+// of it on disk.
+type yandexCloud struct {
+	fake    *yandexfake.Fake
+	keyFile string
+	dir     string
+}
+
+// newYandexCloud starts a fake Yandex API with one zone; it stops at the
+// end of the test. Its files go under dir.
+func newYandexCloud(t *testing.T, dir string) *yandexCloud {
+	t.Helper()
+	f, err := yandexfake.Start(context.Background(), yandexfake.Options{Zones: []string{yandexZone}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	key, err := f.NewServiceAccountKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := &yandexCloud{fake: f, keyFile: filepath.Join(dir, "key.json"), dir: dir}
+	if err := os.WriteFile(y.keyFile, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return y
+}
+
+// instance adds an instance that holds maxDisks disks and simulates it with
+// a loop node under the cloud's dir.
+func (y *yandexCloud) instance(t *testing.T, id string, maxDisks int) *yandexfake.LoopNode {
+	t.Helper()
+	if err := y.fake.AddInstance(id, yandexZone, maxDisks); err != nil {
+		t.Fatal(err)
+	}
+	n, err := yandexfake.NewLoopNode(y.fake, id, filepath.Join(y.dir, "instance-"+id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// options are the app.Options of csid on instance node of this cloud.
+func (y *yandexCloud) options(node *yandexfake.LoopNode, id string, maxDisks int) app.Options {
+	return app.Options{Cloud: "yandex", NodeID: id, Zone: yandexZone, Log: zerolog.Nop(),
+		Yandex: app.YandexOptions{Endpoint: y.fake.Endpoint(), Insecure: true, FolderID: y.fake.FolderID(), KeyFile: y.keyFile,
+			Zones: []string{yandexZone}, ByIDDir: node.ByIDDir(), MaxDisks: maxDisks, LoopSerial: true}}
+}
+
+// client is the backend's own client of the fake, for the checks.
+func (y *yandexCloud) client(t *testing.T) *yandex.Cloud {
+	t.Helper()
+	c, err := yandex.New(context.Background(), yandex.Options{Endpoint: y.fake.Endpoint(), Insecure: true,
+		FolderID: y.fake.FolderID(), KeyFile: y.keyFile, Zones: []string{yandexZone}, Driver: driver.DefaultName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// startYandex runs csid on a new fake Yandex API, on instance "node-1"
+// simulated by a loop node in the state dir (all-in-one: controller and
+// node), with o's other fields.
+func startYandex(t *testing.T, o app.Options, maxDisks int) (*apptest.Instance, *yandexCloud) {
+	t.Helper()
+	dir := apptest.ShortTempDir(t)
+	y := newYandexCloud(t, dir)
+	node := y.instance(t, "node-1", maxDisks)
+	yo := y.options(node, "node-1", maxDisks)
+	yo.StateDir, yo.MaxVolumesPerNode = dir, o.MaxVolumesPerNode
+	return apptest.Start(t, yo), y
+}
+
+// checkNothingLeftOnYandex fails the test if a disk made by csid is left in
+// the fake cloud, or a loop device or mount under dir (the instances'
+// images, the staging and target paths) is left on the host.
+func checkNothingLeftOnYandex(t *testing.T, what string, y *yandexCloud) {
+	t.Helper()
+	c := y.client(t)
+	for token := ""; ; {
+		page, err := c.ListDisks(context.Background(), cloud.ListOptions{PageToken: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range page.Disks {
+			t.Errorf("%s: disk %s (%s) left in the cloud, attached to %q", what, d.ID, d.Name, d.AttachedTo)
+		}
+		if token = page.NextToken; token == "" {
+			break
+		}
+	}
+	loops, err := loopdev.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range loops {
+		if strings.HasPrefix(l.BackingFile, y.dir+"/") {
+			t.Errorf("%s: loop device %s of %s left", what, l.Path, l.BackingFile)
+		}
+	}
+	for _, m := range mountsUnder(t, y.dir) {
+		t.Errorf("%s: mount left at %s", what, m)
+	}
+}
+
+// TestOfflineResizeStoryOnYandex is issue 5's whole story on the Yandex
+// backend against the fake API, with loop devices standing in for the
+// attached disks of two instances: a pod on node-1 writes a file into its
+// volume; the volume is expanded while attached (queued,
+// FailedPrecondition: Yandex disks grow detached); the pod's replacement on
+// node-2 cannot have the volume while node-1 holds it; the pod on node-1
+// goes away and the volume is unpublished, which grows the disk through
+// the API; the publish to node-2 attaches after the grow, node-2's csid
+// finds the disk by its by-id link and proves it, the stage shows the
+// larger filesystem, and the file is intact.
+func TestOfflineResizeStoryOnYandex(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := apptest.ShortTempDir(t)
+	y := newYandexCloud(t, dir)
+	n1, n2 := y.instance(t, "node-1", 4), y.instance(t, "node-2", 4)
+	o1 := y.options(n1, "node-1", 4)
+	o1.StateDir, o1.Endpoint = filepath.Join(dir, "n1"), "unix://"+dir+"/all.sock"
+	o2 := y.options(n2, "node-2", 4)
+	o2.StateDir, o2.Endpoint, o2.Mode = filepath.Join(dir, "n2"), "unix://"+dir+"/node2.sock", driver.ModeNode
+	for _, d := range []string{o1.StateDir, o2.StateDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, node2 := apptest.Start(t, o1), apptest.Start(t, o2)
+	c, nc2 := apptest.Dial(t, all.Socket), apptest.Dial(t, node2.Socket)
+	ctx := context.Background()
+	const size, grown = 1 << 30, 2 << 30
+	vc := apptest.MountCap("ext4")
+
+	vol := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "story", CapacityRange: capRange(size), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume
+	id := vol.VolumeId
+	pub := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
+	stage1, target1 := filepath.Join(dir, "stage1"), filepath.Join(dir, "pod-a")
+	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage1, VolumeCapability: vc, PublishContext: pub.PublishContext})).Must(t)
+	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target1, StagingTargetPath: stage1, VolumeCapability: vc})).Must(t)
+	data := []byte("written by pod A on node-1 before the expansion\n")
+	if err := os.WriteFile(filepath.Join(target1, "data"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := apptest.R(c.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target1})).Must(t).Usage[0].Total
+
+	// Expand while attached: queued, and said so.
+	expand := &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: capRange(grown), VolumeCapability: vc}
+	_, err := c.ControllerExpandVolume(ctx, expand)
+	wantCode(t, err, codes.FailedPrecondition, fmt.Sprint(grown), "queued", "unpublished")
+
+	// The replacement pod on node-2 is held: node-1 has the disk.
+	publish2 := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-2", VolumeCapability: vc}
+	_, err = c.ControllerPublishVolume(ctx, publish2)
+	wantCode(t, err, codes.FailedPrecondition, "node-1")
+
+	// Pod A goes away; the unpublish detaches and grows the disk.
+	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target1})).Must(t)
+	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage1})).Must(t)
+	_, err = c.ControllerExpandVolume(ctx, expand)
+	wantCode(t, err, codes.FailedPrecondition, "queued")
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
+
+	// The publish to node-2 attaches after the grow.
+	pub2 := apptest.R(c.ControllerPublishVolume(ctx, publish2)).Must(t)
+	exp := apptest.R(c.ControllerExpandVolume(ctx, expand)).Must(t) // the resizer's retry: done
+	if exp.CapacityBytes != grown || !exp.NodeExpansionRequired {
+		t.Fatalf("after the resize, expand answers %+v", exp)
+	}
+	if d, err := y.client(t).GetDisk(ctx, pub.PublishContext[effects.PublishContextDiskID]); err != nil || d.SizeBytes != grown || d.AttachedTo != "node-2" {
+		t.Fatalf("after the publish to node-2 the disk is %+v, %v; want %d bytes, attached to node-2", d, err, int64(grown))
+	}
+	if devs := n2.Devices(); len(devs) != 1 {
+		t.Fatalf("node-2's loop node has %v, want the one disk", devs)
+	}
+	stage2, target2 := filepath.Join(dir, "stage2"), filepath.Join(dir, "pod-b")
+	apptest.R(nc2.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage2, VolumeCapability: vc, PublishContext: pub2.PublishContext})).Must(t)
+	apptest.R(nc2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target2, StagingTargetPath: stage2, VolumeCapability: vc})).Must(t)
+	after := apptest.R(nc2.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target2})).Must(t).Usage[0].Total
+	if after < before+(grown-size)*9/10 {
+		t.Fatalf("filesystem %d bytes before, %d after: not grown to the %d-byte disk", before, after, grown)
+	}
+	if got, err := os.ReadFile(filepath.Join(target2, "data")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the file after the resize: %q, %v", got, err)
+	}
+	apptest.R(nc2.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target2, StagingTargetPath: stage2})).Must(t)
+
+	// Down again, and nothing left behind.
+	apptest.R(nc2.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target2})).Must(t)
+	apptest.R(nc2.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage2})).Must(t)
+	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-2"})).Must(t)
+	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
+	all.Stop(t)
+	node2.Stop(t)
+	checkResizeBeforeAttach(t, app.StateFile(o1.StateDir, driver.ModeAll), id, "node-2")
+	checkNothingLeftOnYandex(t, "story", y)
+}
