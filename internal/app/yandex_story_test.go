@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csid-dev/csid/internal/app"
@@ -233,4 +234,42 @@ func TestOfflineResizeStoryOnYandex(t *testing.T) {
 	node2.Stop(t)
 	checkResizeBeforeAttach(t, app.StateFile(o1.StateDir, driver.ModeAll), id, "node-2")
 	checkNothingLeftOnYandex(t, "story", y)
+}
+
+// TestNodeIDAndZoneFromTheMetadataService: a node csid on Yandex given no
+// node id and no zone takes both from the instance's metadata service (the
+// fake's, which answers as Yandex's does): NodeGetInfo names the instance
+// and its zone, and the node's limit is the instance's disks.
+func TestNodeIDAndZoneFromTheMetadataService(t *testing.T) {
+	dir := apptest.ShortTempDir(t)
+	y := newYandexCloud(t, dir)
+	const instance, zone = "fhm0metadata00000001", yandexZone
+	node := y.instance(t, instance, 6)
+	srv := y.fake.MetadataServer(instance, zone, y.fake.FolderID())
+	o := y.options(node, "", 6)
+	o.Zone, o.Mode, o.StateDir, o.Endpoint = "", driver.ModeNode, dir, "unix://"+dir+"/csi.sock"
+	o.Yandex.MetadataURL = srv.URL
+	ready := make(chan struct{})
+	o.Ready = ready
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx, o) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("csid stopped with: %v", err)
+		}
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		done <- err
+		t.Fatalf("csid did not start: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("csid did not become ready within 30s")
+	}
+	info := apptest.R(apptest.Dial(t, dir+"/csi.sock").NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})).Must(t)
+	if info.NodeId != instance || info.AccessibleTopology.GetSegments()[driver.TopologyKey] != zone || info.MaxVolumesPerNode != 6 {
+		t.Fatalf("NodeGetInfo %+v, want node %s in zone %s with 6 volumes", info, instance, zone)
+	}
 }
