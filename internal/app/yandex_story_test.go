@@ -1,9 +1,7 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +19,6 @@ import (
 	"github.com/csid-dev/csid/internal/loopdev"
 	"github.com/csid-dev/csid/internal/testutil"
 	"github.com/rs/zerolog"
-	"google.golang.org/grpc/codes"
 )
 
 // The Yandex stories run csid in-process (app.Run, the real wiring of
@@ -167,69 +164,18 @@ func TestOfflineResizeStoryOnYandex(t *testing.T) {
 		}
 	}
 	all, node2 := apptest.Start(t, o1), apptest.Start(t, o2)
-	c, nc2 := apptest.Dial(t, all.Socket), apptest.Dial(t, node2.Socket)
-	ctx := context.Background()
-	const size, grown = 1 << 30, 2 << 30
-	vc := apptest.MountCap("ext4")
-
-	vol := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "story", CapacityRange: capRange(size), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume
-	id := vol.VolumeId
-	pub := apptest.R(c.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: vc})).Must(t)
-	stage1, target1 := filepath.Join(dir, "stage1"), filepath.Join(dir, "pod-a")
-	apptest.R(c.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage1, VolumeCapability: vc, PublishContext: pub.PublishContext})).Must(t)
-	apptest.R(c.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target1, StagingTargetPath: stage1, VolumeCapability: vc})).Must(t)
-	data := []byte("written by pod A on node-1 before the expansion\n")
-	if err := os.WriteFile(filepath.Join(target1, "data"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	before := apptest.R(c.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target1})).Must(t).Usage[0].Total
-
-	// Expand while attached: queued, and said so.
-	expand := &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: capRange(grown), VolumeCapability: vc}
-	_, err := c.ControllerExpandVolume(ctx, expand)
-	wantCode(t, err, codes.FailedPrecondition, fmt.Sprint(grown), "queued", "unpublished")
-
-	// The replacement pod on node-2 is held: node-1 has the disk.
-	publish2 := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-2", VolumeCapability: vc}
-	_, err = c.ControllerPublishVolume(ctx, publish2)
-	wantCode(t, err, codes.FailedPrecondition, "node-1")
-
-	// Pod A goes away; the unpublish detaches and grows the disk.
-	apptest.R(c.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target1})).Must(t)
-	apptest.R(c.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage1})).Must(t)
-	_, err = c.ControllerExpandVolume(ctx, expand)
-	wantCode(t, err, codes.FailedPrecondition, "queued")
-	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"})).Must(t)
-
-	// The publish to node-2 attaches after the grow.
-	pub2 := apptest.R(c.ControllerPublishVolume(ctx, publish2)).Must(t)
-	exp := apptest.R(c.ControllerExpandVolume(ctx, expand)).Must(t) // the resizer's retry: done
-	if exp.CapacityBytes != grown || !exp.NodeExpansionRequired {
-		t.Fatalf("after the resize, expand answers %+v", exp)
-	}
-	if d, err := y.client(t).GetDisk(ctx, pub.PublishContext[effects.PublishContextDiskID]); err != nil || d.SizeBytes != grown || d.AttachedTo != "node-2" {
-		t.Fatalf("after the publish to node-2 the disk is %+v, %v; want %d bytes, attached to node-2", d, err, int64(grown))
-	}
-	if devs := n2.Devices(); len(devs) != 1 {
-		t.Fatalf("node-2's loop node has %v, want the one disk", devs)
-	}
-	stage2, target2 := filepath.Join(dir, "stage2"), filepath.Join(dir, "pod-b")
-	apptest.R(nc2.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage2, VolumeCapability: vc, PublishContext: pub2.PublishContext})).Must(t)
-	apptest.R(nc2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target2, StagingTargetPath: stage2, VolumeCapability: vc})).Must(t)
-	after := apptest.R(nc2.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target2})).Must(t).Usage[0].Total
-	if after < before+(grown-size)*9/10 {
-		t.Fatalf("filesystem %d bytes before, %d after: not grown to the %d-byte disk", before, after, grown)
-	}
-	if got, err := os.ReadFile(filepath.Join(target2, "data")); err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("the file after the resize: %q, %v", got, err)
-	}
-	apptest.R(nc2.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target2, StagingTargetPath: stage2})).Must(t)
-
-	// Down again, and nothing left behind.
-	apptest.R(nc2.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target2})).Must(t)
-	apptest.R(nc2.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage2})).Must(t)
-	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-2"})).Must(t)
-	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
+	const size, grown = 1 << 30, 2 << 30 // Yandex sizes disks in whole GiB
+	id := offlineResizeStory(t, story{dir: dir, all: apptest.Dial(t, all.Socket), node2: apptest.Dial(t, node2.Socket),
+		size: size, grown: grown,
+		published2: func(t *testing.T, publishContext map[string]string) {
+			d, err := y.client(t).GetDisk(context.Background(), publishContext[effects.PublishContextDiskID])
+			if err != nil || d.SizeBytes != grown || d.AttachedTo != "node-2" {
+				t.Fatalf("after the publish to node-2 the disk is %+v, %v; want %d bytes, attached to node-2", d, err, int64(grown))
+			}
+			if devs := n2.Devices(); len(devs) != 1 || devs[d.ID] == "" {
+				t.Fatalf("node-2's loop node has %v, want disk %s", devs, d.ID)
+			}
+		}})
 	all.Stop(t)
 	node2.Stop(t)
 	checkResizeBeforeAttach(t, app.StateFile(o1.StateDir, driver.ModeAll), id, "node-2")

@@ -103,6 +103,16 @@ func TestDrill(t *testing.T) {
 	if s := os.Getenv("CSID_DRILL_SCENARIOS"); s != "" {
 		cfg.Scenarios = strings.Split(s, ",")
 	}
+	rep := runAndReport(t, cfg)
+	if len(cfg.Scenarios) == 0 && len(rep.Unfired) > 0 {
+		t.Errorf("crash points that never fired: %v", rep.Unfired)
+	}
+}
+
+// runAndReport runs a drill, logs its table and fails the test for each
+// failing cell, with the end of its log.
+func runAndReport(t *testing.T, cfg Config) *Report {
+	t.Helper()
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -119,9 +129,7 @@ func TestDrill(t *testing.T) {
 			t.Errorf("%s at %s:%d: %s\n%s", c.Scenario, c.Point, c.Hit, c.Reason, logTail(filepath.Join(c.Dir, "csid.log"), 40))
 		}
 	}
-	if len(cfg.Scenarios) == 0 && len(rep.Unfired) > 0 {
-		t.Errorf("crash points that never fired: %v", rep.Unfired)
-	}
+	return rep
 }
 
 // TestDrillCatchesANonIdempotentExecutor builds csid with a planted bug

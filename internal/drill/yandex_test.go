@@ -133,20 +133,7 @@ func TestDrillYandex(t *testing.T) {
 	dir := apptest.ShortTempDir(t)
 	cfg := Config{Binary: buildCSID(t, dir, nil), Dir: dir, Backend: yandexBackend(),
 		Scenarios: yandexScenarios, Points: yandexPoints()}
-	rep, err := Run(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var table strings.Builder
-	if err := rep.Table(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s\n%s", table.String(), rep.Summary())
-	for _, c := range rep.Cells {
-		if c.Result == Fail {
-			t.Errorf("%s at %s:%d: %s\n%s", c.Scenario, c.Point, c.Hit, c.Reason, logTail(filepath.Join(c.Dir, "csid.log"), 40))
-		}
-	}
+	rep := runAndReport(t, cfg)
 	if len(rep.Unfired) > 0 {
 		t.Errorf("crash points that never fired on Yandex: %v", rep.Unfired)
 	}
