@@ -347,3 +347,29 @@ func TestDevicesListsProvenDisksOnly(t *testing.T) {
 		t.Fatalf("devices %v, want only %s: %s", got, diskA, devA)
 	}
 }
+
+// A stale link (to another disk's device) that udev replaces while the
+// host proves it: the device is dropped, and the link, read again after a
+// pause, names the disk's device.
+func TestOpenDeviceLooksAgainAfterAStaleLink(t *testing.T) {
+	n := newNode(t)
+	devA, devB := n.disk(diskA), n.disk(diskB)
+	n.link(diskA, devB)
+	replaced := false
+	h := NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: n.byID, DeviceWait: time.Minute,
+		Serial: func(f *os.File) (string, error) {
+			serial, err := loopSerial(f)
+			if serial == diskB && !replaced { // udev, late: the link is replaced as the host reads B's serial
+				replaced = true
+				if err := os.Remove(filepath.Join(n.byID, "virtio-"+diskA)); err != nil {
+					t.Error(err)
+				}
+				n.link(diskA, devA)
+			}
+			return serial, err
+		}})
+	dev, err := n.open(context.Background(), h, diskA, cloud.OpenOptions{})
+	if err != nil || dev.Path != devA || !replaced {
+		t.Fatalf("after the link was replaced: %+v, %v (replaced: %v)", dev, err, replaced)
+	}
+}
