@@ -149,14 +149,5 @@ func TestDrillYandexCatchesANonIdempotentExecutor(t *testing.T) {
 	dir := apptest.ShortTempDir(t)
 	rep, err := Run(context.Background(), Config{Binary: buildCSID(t, dir, plantBug(t)), Dir: dir, Backend: yandexBackend(),
 		Scenarios: []string{"create"}, Points: []string{crash.CloudAfterCreate}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep.OK() || rep.Failed != 1 {
-		t.Fatalf("the drill did not catch the planted bug: %s", rep.Summary())
-	}
-	if reason := rep.Cells[0].Reason; !strings.Contains(reason, "is left in the cloud") {
-		t.Fatalf("the drill failed for another reason than the leaked disk: %s", reason)
-	}
-	t.Logf("caught: %s", rep.Cells[0].Reason)
+	caughtLeakedDisk(t, rep, err)
 }

@@ -3,7 +3,6 @@ package yandex
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -20,20 +19,8 @@ import (
 func TestHostOnTheFakeAPI(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	f, err := yandexfake.Start(ctx, yandexfake.Options{Zones: []string{"ru-central1-a"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
-	key, err := f.NewServiceAccountKey()
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, keyFile := StartFake(t, yandexfake.Options{Zones: []string{"ru-central1-a"}})
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "key.json")
-	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	if err := f.AddInstance(testInstance, "ru-central1-a", 4); err != nil {
 		t.Fatal(err)
 	}
