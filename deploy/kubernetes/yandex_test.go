@@ -5,12 +5,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/csid-dev/csid/internal/cloud/yandex"
 	corev1 "k8s.io/api/core/v1"
 )
-
-// yandexDiskTypes are the disk types of Yandex Compute Cloud, the values
-// of the StorageClass parameter "type".
-var yandexDiskTypes = []string{"network-hdd", "network-ssd", "network-ssd-nonreplicated", "network-ssd-io-m3"}
 
 // checkYandex: the overlay for Yandex Compute Cloud. Both csid containers
 // run --cloud=yandex with the folder and the zones (literal, or from a key
@@ -52,8 +49,8 @@ func checkYandex(r reporter, b *bundle) {
 		}
 	}
 	for _, sc := range b.storageClasses {
-		if t, ok := sc.Parameters["type"]; ok && !slices.Contains(yandexDiskTypes, t) {
-			r.Errorf("%s: StorageClass %s parameter type %q is no Yandex disk type (%s)", b.name, sc.Name, t, strings.Join(yandexDiskTypes, ", "))
+		if t, ok := sc.Parameters["type"]; ok && !slices.Contains(yandex.DiskTypes, t) {
+			r.Errorf("%s: StorageClass %s parameter type %q is no Yandex disk type (%s)", b.name, sc.Name, t, strings.Join(yandex.DiskTypes, ", "))
 		}
 	}
 }

@@ -51,9 +51,32 @@ func TestOfflineResizeStory(t *testing.T) {
 	all := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-1", Endpoint: "unix://" + dir + "/all.sock", Log: zerolog.Nop()})
 	node2 := apptest.Start(t, app.Options{Cloud: "local", StateDir: dir, NodeID: "node-2", Mode: driver.ModeNode,
 		Endpoint: "unix://" + dir + "/node2.sock", Log: zerolog.Nop()})
-	c, n2 := apptest.Dial(t, all.Socket), apptest.Dial(t, node2.Socket)
+	id := offlineResizeStory(t, story{dir: dir, all: apptest.Dial(t, all.Socket), node2: apptest.Dial(t, node2.Socket),
+		size: 64 << 20, grown: 128 << 20})
+	all.Stop(t)
+	node2.Stop(t)
+	checkResizeBeforeAttach(t, app.StateFile(dir, driver.ModeAll), id, "node-2")
+	checkNothingLeft(t, "story", dir)
+}
+
+// story is where the offline-resize story runs: csid all-in-one on node-1
+// and a node csid on node-2, on one backend.
+type story struct {
+	dir        string
+	all, node2 apptest.Client
+	// size and grown are the volume's sizes before and after the expansion.
+	size, grown int64
+	// published2, if set, checks the backend once the volume is published
+	// to node-2 (after the resize), given the publish context.
+	published2 func(t *testing.T, publishContext map[string]string)
+}
+
+// offlineResizeStory runs issue 5's story (TestOfflineResizeStory) and
+// returns the volume's id; the volume is deleted at the end.
+func offlineResizeStory(t *testing.T, s story) string {
+	t.Helper()
+	c, n2, dir, size, grown := s.all, s.node2, s.dir, s.size, s.grown
 	ctx := context.Background()
-	const size, grown = 64 << 20, 128 << 20
 	vc := apptest.MountCap("ext4")
 
 	vol := apptest.R(c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "story", CapacityRange: capRange(size), VolumeCapabilities: []*csi.VolumeCapability{vc}})).Must(t).Volume
@@ -91,6 +114,9 @@ func TestOfflineResizeStory(t *testing.T) {
 	if exp.CapacityBytes != grown || !exp.NodeExpansionRequired {
 		t.Fatalf("after the resize, expand answers %+v", exp)
 	}
+	if s.published2 != nil {
+		s.published2(t, pub2.PublishContext)
+	}
 	stage2, target2 := filepath.Join(dir, "stage2"), filepath.Join(dir, "pod-b")
 	apptest.R(n2.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: stage2, VolumeCapability: vc, PublishContext: pub2.PublishContext})).Must(t)
 	apptest.R(n2.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target2, StagingTargetPath: stage2, VolumeCapability: vc})).Must(t)
@@ -103,15 +129,12 @@ func TestOfflineResizeStory(t *testing.T) {
 	}
 	apptest.R(n2.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target2, StagingTargetPath: stage2})).Must(t)
 
-	// Down again, and nothing left behind.
+	// Down again.
 	apptest.R(n2.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target2})).Must(t)
 	apptest.R(n2.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stage2})).Must(t)
 	apptest.R(c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-2"})).Must(t)
 	apptest.R(c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})).Must(t)
-	all.Stop(t)
-	node2.Stop(t)
-	checkResizeBeforeAttach(t, app.StateFile(dir, driver.ModeAll), id, "node-2")
-	checkNothingLeft(t, "story", dir)
+	return id
 }
 
 // checkResizeBeforeAttach reads a stopped csid's state file: the volume's

@@ -103,6 +103,16 @@ func TestDrill(t *testing.T) {
 	if s := os.Getenv("CSID_DRILL_SCENARIOS"); s != "" {
 		cfg.Scenarios = strings.Split(s, ",")
 	}
+	rep := runAndReport(t, cfg)
+	if len(cfg.Scenarios) == 0 && len(rep.Unfired) > 0 {
+		t.Errorf("crash points that never fired: %v", rep.Unfired)
+	}
+}
+
+// runAndReport runs a drill, logs its table and fails the test for each
+// failing cell, with the end of its log.
+func runAndReport(t *testing.T, cfg Config) *Report {
+	t.Helper()
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -119,9 +129,7 @@ func TestDrill(t *testing.T) {
 			t.Errorf("%s at %s:%d: %s\n%s", c.Scenario, c.Point, c.Hit, c.Reason, logTail(filepath.Join(c.Dir, "csid.log"), 40))
 		}
 	}
-	if len(cfg.Scenarios) == 0 && len(rep.Unfired) > 0 {
-		t.Errorf("crash points that never fired: %v", rep.Unfired)
-	}
+	return rep
 }
 
 // TestDrillCatchesANonIdempotentExecutor builds csid with a planted bug
@@ -134,6 +142,19 @@ func TestDrillCatchesANonIdempotentExecutor(t *testing.T) {
 	dir := apptest.ShortTempDir(t)
 	rep, err := Run(context.Background(), Config{Binary: buildCSID(t, dir, plantBug(t)), Dir: dir,
 		Scenarios: []string{"create"}, Points: []string{"cloud.after_create"}})
+	caughtLeakedDisk(t, rep, err)
+	// The same drill passes on the real code.
+	rep, err = Run(context.Background(), Config{Binary: buildCSID(t, t.TempDir(), nil), Dir: dir,
+		Scenarios: []string{"create"}, Points: []string{"cloud.after_create"}})
+	if err != nil || !rep.OK() {
+		t.Fatalf("the drill fails on the real code: %v %s", err, rep.Summary())
+	}
+}
+
+// caughtLeakedDisk fails the test unless the drill (rep, err) failed in
+// its one cell, on a disk left in the cloud.
+func caughtLeakedDisk(t *testing.T, rep *Report, err error) {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,12 +165,6 @@ func TestDrillCatchesANonIdempotentExecutor(t *testing.T) {
 		t.Fatalf("the drill failed for another reason than the leaked disk: %s", reason)
 	}
 	t.Logf("caught: %s", rep.Cells[0].Reason)
-	// The same drill passes on the real code.
-	rep, err = Run(context.Background(), Config{Binary: buildCSID(t, t.TempDir(), nil), Dir: dir,
-		Scenarios: []string{"create"}, Points: []string{"cloud.after_create"}})
-	if err != nil || !rep.OK() {
-		t.Fatalf("the drill fails on the real code: %v %s", err, rep.Summary())
-	}
 }
 
 // plantSnapshotBug returns internal/effects/snapshots.go with its

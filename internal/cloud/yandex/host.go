@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
@@ -81,14 +80,13 @@ func NewHost(o HostOptions) cloud.Host {
 // NodeID is the instance this host is.
 func (h *Host) NodeID() string { return h.instance }
 
-// hostDiskID matches a Yandex disk id: 20 lower-case letters and digits,
-// the first a letter (a virtio serial holds at most 20 characters, so the device name,
-// the disk id, fits whole). Nothing else is made into a path.
-var hostDiskID = regexp.MustCompile(`^[a-z][a-z0-9]{19}$`)
-
 // maxHostLookups bounds how often OpenDevice looks a disk's link up again
 // after the device it named failed to prove to be the disk.
 const maxHostLookups = 3
+
+// lookupPause is the pause before the second lookup of a disk's link
+// after its device failed the proof (twice it before the third).
+const lookupPause = 100 * time.Millisecond
 
 // errNotProven: a device is not (or no longer) the disk's.
 var errNotProven = errors.New("not the disk's device")
@@ -107,10 +105,11 @@ var errNotProven = errors.New("not the disk's device")
 // HostOptions.DeviceWait, then ErrTransient) and the device it names
 // opened; a device that fails the proof (a link naming another disk's
 // device, a link to a link, a hint reused by another disk) is dropped and
-// the link read again, at most maxHostLookups times, then ErrIdentity.
+// the link read again after a short pause (udev may be replacing a stale
+// link), at most maxHostLookups times, then ErrIdentity.
 func (h *Host) OpenDevice(ctx context.Context, diskID string, opts cloud.OpenOptions) (*cloud.Device, error) {
-	if !hostDiskID.MatchString(diskID) {
-		return nil, fmt.Errorf("disk %q: not a Yandex disk id: %w", diskID, cloud.ErrNotFound)
+	if err := checkDiskID(diskID, true); err != nil {
+		return nil, err
 	}
 	d, err := h.cloud.GetDisk(ctx, diskID)
 	if err != nil {
@@ -127,7 +126,14 @@ func (h *Host) OpenDevice(ctx context.Context, diskID string, opts cloud.OpenOpt
 		}
 		why = err
 	}
-	for range maxHostLookups {
+	for i := range maxHostLookups {
+		if i > 0 {
+			// udev may be replacing a stale link (a device gone with
+			// an earlier attach): give it a moment.
+			if err := sleepCtx(ctx, time.Duration(i)*lookupPause); err != nil {
+				return nil, err
+			}
+		}
 		path, err := h.waitLink(ctx, diskID)
 		if err != nil {
 			return nil, err
@@ -254,12 +260,8 @@ func (h *Host) waitLink(ctx context.Context, id string) (string, error) {
 			return "", fmt.Errorf("disk %s is attached to instance %s, and %s did not appear within %v: %w",
 				id, h.instance, h.linkPath(id), h.wait, cloud.ErrTransient)
 		}
-		t := time.NewTimer(min(interval, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return "", ctx.Err()
-		case <-t.C:
+		if err := sleepCtx(ctx, min(interval, left)); err != nil {
+			return "", err
 		}
 		interval = min(2*interval, 500*time.Millisecond)
 	}
@@ -358,7 +360,7 @@ func (h *Host) entries() ([]string, error) {
 	}
 	var ids []string
 	for _, name := range names {
-		if id, ok := strings.CutPrefix(name, linkPrefix); ok && hostDiskID.MatchString(id) {
+		if id, ok := strings.CutPrefix(name, linkPrefix); ok && idPattern.MatchString(id) {
 			ids = append(ids, id)
 		}
 	}

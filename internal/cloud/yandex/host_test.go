@@ -105,7 +105,14 @@ func (n *node) disk(id string) string {
 		n.t.Fatal(err)
 	}
 	fid, _ := loopdev.IDOf(fi)
-	n.t.Cleanup(func() { _ = loopdev.Release(context.Background(), dev.Path, fid) })
+	n.t.Cleanup(func() {
+		// Bounded: a device a failed test left open must not hang it.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := loopdev.Release(ctx, dev.Path, fid); err != nil {
+			n.t.Errorf("release %s: %v", dev.Path, err)
+		}
+	})
 	n.cloud.mu.Lock()
 	n.cloud.disks[id] = cloud.Disk{ID: id, SizeBytes: 8 << 20, AttachedTo: testInstance, Tags: map[string]string{"csid.dev/volume-id": "vol-" + id}}
 	n.cloud.mu.Unlock()
@@ -118,6 +125,16 @@ func (n *node) link(id, target string) {
 	if err := os.Symlink(target, filepath.Join(n.byID, "virtio-"+id)); err != nil {
 		n.t.Fatal(err)
 	}
+}
+
+// open is h.OpenDevice, with the device closed at the end of the test
+// however it ends (before its loop device is released).
+func (n *node) open(ctx context.Context, h cloud.Host, id string, opts cloud.OpenOptions) (*cloud.Device, error) {
+	dev, err := h.OpenDevice(ctx, id, opts)
+	if dev != nil {
+		n.t.Cleanup(func() { dev.Close() })
+	}
+	return dev, err
 }
 
 const (
@@ -133,7 +150,7 @@ func TestOpenDeviceFindsAndProvesTheDisk(t *testing.T) {
 	devA := n.disk(diskA)
 	n.link(diskA, devA)
 	h := n.host(time.Minute)
-	dev, err := h.OpenDevice(context.Background(), diskA, cloud.OpenOptions{})
+	dev, err := n.open(context.Background(), h, diskA, cloud.OpenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +173,7 @@ func TestOpenDeviceFindsAndProvesTheDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.link(diskA, rel)
-	again, err := h.OpenDevice(context.Background(), diskA, cloud.OpenOptions{})
+	again, err := n.open(context.Background(), h, diskA, cloud.OpenOptions{})
 	if err != nil || again.Path != devA {
 		t.Fatalf("through the relative link %s: %+v, %v", rel, again, err)
 	}
@@ -175,7 +192,7 @@ func TestOpenDeviceRefusesWhatIsNotTheDisk(t *testing.T) {
 	ctx := context.Background()
 
 	n.link(diskA, devB)
-	if dev, err := h.OpenDevice(ctx, diskA, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrIdentity) {
+	if dev, err := n.open(ctx, h, diskA, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrIdentity) {
 		t.Fatalf("a link to disk B's device opened as disk A: %+v, %v", dev, err)
 	}
 
@@ -188,7 +205,7 @@ func TestOpenDeviceRefusesWhatIsNotTheDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.link(diskA, hop)
-	if dev, err := h.OpenDevice(ctx, diskA, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrIdentity) {
+	if dev, err := n.open(ctx, h, diskA, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrIdentity) {
 		t.Fatalf("a link to a link was followed: %+v, %v", dev, err)
 	}
 
@@ -202,12 +219,12 @@ func TestOpenDeviceRefusesWhatIsNotTheDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	viaLink := NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: linkedDir, Serial: loopSerial, DeviceWait: time.Minute})
-	if dev, err := viaLink.OpenDevice(ctx, diskA, cloud.OpenOptions{}); err == nil || !errors.Is(err, unix.ELOOP) {
+	if dev, err := n.open(ctx, viaLink, diskA, cloud.OpenOptions{}); err == nil || !errors.Is(err, unix.ELOOP) {
 		t.Fatalf("a by-id directory that is a link: %+v, %v", dev, err)
 	}
 
 	// The hint is B's device: dropped; the link finds A's.
-	dev, err := h.OpenDevice(ctx, diskA, cloud.OpenOptions{Hint: devB})
+	dev, err := n.open(ctx, h, diskA, cloud.OpenOptions{Hint: devB})
 	if err != nil || dev.Path != devA {
 		t.Fatalf("with a stale hint: %+v, %v", dev, err)
 	}
@@ -217,13 +234,13 @@ func TestOpenDeviceRefusesWhatIsNotTheDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.link(diskA, devB)
-	dev, err = h.OpenDevice(ctx, diskA, cloud.OpenOptions{Hint: devA})
+	dev, err = n.open(ctx, h, diskA, cloud.OpenOptions{Hint: devA})
 	if err != nil || dev.Path != devA {
 		t.Fatalf("with the right hint: %+v, %v", dev, err)
 	}
 	dev.Close()
 	// A hint that is a link is not followed.
-	if _, err := h.OpenDevice(ctx, diskA, cloud.OpenOptions{Hint: hop}); !errors.Is(err, cloud.ErrIdentity) {
+	if _, err := n.open(ctx, h, diskA, cloud.OpenOptions{Hint: hop}); !errors.Is(err, cloud.ErrIdentity) {
 		t.Fatalf("a hint that is a link: %v", err)
 	}
 }
@@ -242,7 +259,7 @@ func TestOpenDeviceNotAttachedHere(t *testing.T) {
 	n.cloud.disks[diskB] = cloud.Disk{ID: diskB, AttachedTo: "fhm0another000000001"}
 	n.cloud.mu.Unlock()
 	for _, id := range []string{diskB, "fhm0unknown000000001", "../../../dev/sda", "virtio-x", strings.ToUpper(diskA)} {
-		if _, err := h.OpenDevice(ctx, id, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrNotFound) {
+		if _, err := n.open(ctx, h, id, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrNotFound) {
 			t.Errorf("disk %q: %v, want ErrNotFound", id, err)
 		}
 	}
@@ -257,7 +274,7 @@ func TestOpenDeviceWaitsForTheDeviceToAppear(t *testing.T) {
 	h := n.host(time.Minute)
 	var once sync.Once
 	h.missed = func() { once.Do(func() { n.link(diskA, devA) }) }
-	dev, err := h.OpenDevice(context.Background(), diskA, cloud.OpenOptions{})
+	dev, err := n.open(context.Background(), h, diskA, cloud.OpenOptions{})
 	if err != nil || dev.Path != devA {
 		t.Fatalf("a device that appeared late: %+v, %v", dev, err)
 	}
@@ -267,12 +284,12 @@ func TestOpenDeviceWaitsForTheDeviceToAppear(t *testing.T) {
 	misses := 0
 	short := n.host(200 * time.Millisecond)
 	short.missed = func() { misses++ }
-	if _, err := short.OpenDevice(context.Background(), diskB, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrTransient) || misses < 2 {
+	if _, err := n.open(context.Background(), short, diskB, cloud.OpenOptions{}); !errors.Is(err, cloud.ErrTransient) || misses < 2 {
 		t.Fatalf("a device that never appeared: %v after %d looks, want ErrTransient after several", err, misses)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.missed = cancel
-	if _, err := h.OpenDevice(ctx, diskB, cloud.OpenOptions{}); !errors.Is(err, context.Canceled) {
+	if _, err := n.open(ctx, h, diskB, cloud.OpenOptions{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("the wait outlived its context: %v", err)
 	}
 }
@@ -285,14 +302,14 @@ func TestOpenDeviceExclusive(t *testing.T) {
 	n.link(diskA, devA)
 	h := n.host(time.Minute)
 	ctx := context.Background()
-	x, err := h.OpenDevice(ctx, diskA, cloud.OpenOptions{Exclusive: true})
+	x, err := n.open(ctx, h, diskA, cloud.OpenOptions{Exclusive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dev, err := h.OpenDevice(ctx, diskA, cloud.OpenOptions{Exclusive: true}); !errors.Is(err, cloud.ErrInUse) {
+	if dev, err := n.open(ctx, h, diskA, cloud.OpenOptions{Exclusive: true}); !errors.Is(err, cloud.ErrInUse) {
 		t.Fatalf("a second exclusive open: %+v, %v", dev, err)
 	}
-	shared, err := h.OpenDevice(ctx, diskA, cloud.OpenOptions{})
+	shared, err := n.open(ctx, h, diskA, cloud.OpenOptions{})
 	if err != nil {
 		t.Fatalf("a shared open beside the exclusive one: %v", err)
 	}
@@ -300,7 +317,7 @@ func TestOpenDeviceExclusive(t *testing.T) {
 	if err := x.Close(); err != nil {
 		t.Fatal(err)
 	}
-	again, err := h.OpenDevice(ctx, diskA, cloud.OpenOptions{Exclusive: true})
+	again, err := n.open(ctx, h, diskA, cloud.OpenOptions{Exclusive: true})
 	if err != nil {
 		t.Fatalf("exclusive after Close: %v", err)
 	}
@@ -328,5 +345,31 @@ func TestDevicesListsProvenDisksOnly(t *testing.T) {
 	}
 	if len(got) != 1 || got[diskA] != devA {
 		t.Fatalf("devices %v, want only %s: %s", got, diskA, devA)
+	}
+}
+
+// A stale link (to another disk's device) that udev replaces while the
+// host proves it: the device is dropped, and the link, read again after a
+// pause, names the disk's device.
+func TestOpenDeviceLooksAgainAfterAStaleLink(t *testing.T) {
+	n := newNode(t)
+	devA, devB := n.disk(diskA), n.disk(diskB)
+	n.link(diskA, devB)
+	replaced := false
+	h := NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: n.byID, DeviceWait: time.Minute,
+		Serial: func(f *os.File) (string, error) {
+			serial, err := loopSerial(f)
+			if serial == diskB && !replaced { // udev, late: the link is replaced as the host reads B's serial
+				replaced = true
+				if err := os.Remove(filepath.Join(n.byID, "virtio-"+diskA)); err != nil {
+					t.Error(err)
+				}
+				n.link(diskA, devA)
+			}
+			return serial, err
+		}})
+	dev, err := n.open(context.Background(), h, diskA, cloud.OpenOptions{})
+	if err != nil || dev.Path != devA || !replaced {
+		t.Fatalf("after the link was replaced: %+v, %v (replaced: %v)", dev, err, replaced)
 	}
 }

@@ -12,10 +12,6 @@ import (
 	"time"
 )
 
-// metadataURL is the metadata service every Yandex Compute instance
-// reaches (its GCE-compatible API).
-const metadataURL = "http://169.254.169.254"
-
 // Metadata reads what an instance knows of itself from the metadata
 // service: its id (the node id) and zone. Each read is bounded (a short
 // timeout per attempt, a few attempts with a growing pause), so a node
@@ -37,10 +33,10 @@ const (
 )
 
 // NewMetadata returns a reader of the metadata service at url (default
-// http://169.254.169.254 when empty).
+// DefaultMetadataURL when empty).
 func NewMetadata(url string) *Metadata {
 	if url == "" {
-		url = metadataURL
+		url = DefaultMetadataURL
 	}
 	return &Metadata{base: strings.TrimRight(url, "/"), client: &http.Client{Timeout: metadataTimeout},
 		attempts: metadataAttempts, pause: metadataPause}

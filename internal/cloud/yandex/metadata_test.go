@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
 )
 
 // metadataStub answers the GCE-style paths as Yandex's metadata service
@@ -102,5 +104,25 @@ func TestMetadataRefusesMalformedValues(t *testing.T) {
 			t.Errorf("answer %q read as %q", body, v)
 		}
 		srv.Close()
+	}
+}
+
+// Against the fake API's metadata server, which answers as Yandex's does
+// and refuses a request without the header.
+func TestMetadataOfTheFake(t *testing.T) {
+	f, err := yandexfake.Start(context.Background(), yandexfake.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	srv := f.MetadataServer("fhm0instance00000001", "ru-central1-d", f.FolderID())
+	m := NewMetadata(srv.URL)
+	id, err := m.InstanceID(context.Background())
+	if err != nil || id != "fhm0instance00000001" {
+		t.Fatalf("instance id %q, %v", id, err)
+	}
+	zone, err := m.Zone(context.Background())
+	if err != nil || zone != "ru-central1-d" {
+		t.Fatalf("zone %q, %v", zone, err)
 	}
 }
