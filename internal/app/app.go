@@ -169,7 +169,7 @@ func Run(ctx context.Context, o Options) error {
 
 	drv, err := driver.New(driver.Config{Name: o.DriverName, Version: o.Version, Mode: o.Mode, Engine: eng,
 		Controller: controllerBackend{p.cloud}, Node: nodeBackend{cloud: p.cloud, mounter: p.mounter, nodeID: o.NodeID},
-		Topology: len(p.cloud.Zones()) > 0, Snapshots: takesSnapshots(p.cloud), DiskTypes: diskTypes(p.cloud), KubeletRoot: o.KubeletRoot})
+		Topology: len(p.cloud.Zones()) > 0, TopologyKey: p.topologyKey, Snapshots: takesSnapshots(p.cloud), DiskTypes: diskTypes(p.cloud), KubeletRoot: o.KubeletRoot})
 	if err != nil {
 		return err
 	}
@@ -462,6 +462,9 @@ type provider struct {
 	host    cloud.Host
 	mounter mounter.Mounter
 	zone    string
+	// topologyKey is the segment csid names the zone with (driver.Config);
+	// empty: csid's own.
+	topologyKey string
 }
 
 func newProvider(ctx context.Context, o Options) (*provider, error) {

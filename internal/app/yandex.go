@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -75,6 +76,12 @@ func (o *Options) yandexNode(ctx context.Context) error {
 // newYandex is the provider of Cloud "yandex".
 func newYandex(ctx context.Context, o Options) (*provider, error) {
 	y := o.Yandex
+	if y.LoopSerial && !y.Insecure {
+		// The stand-in proof is for a test's node simulator, which talks
+		// to a fake API: never let it replace the virtio serial on a node
+		// of a real cloud.
+		return nil, errors.New("--yandex-loop-serial proves devices by a loop file's name, for tests only: it needs --yandex-insecure (a fake API)")
+	}
 	c, err := yandex.New(ctx, yandex.Options{Endpoint: y.Endpoint, Insecure: y.Insecure, FolderID: y.FolderID,
 		KeyFile: y.KeyFile, MetadataURL: y.MetadataURL, Zones: y.Zones, MaxDisks: y.MaxDisks,
 		RateLimit: y.RateLimit, Burst: y.RateBurst, Driver: o.DriverName})
@@ -87,7 +94,10 @@ func newYandex(ctx context.Context, o Options) (*provider, error) {
 	}
 	host := yandex.NewHost(yandex.HostOptions{InstanceID: o.NodeID, Cloud: c, ByIDDir: y.ByIDDir, Serial: serial})
 	m := mounter.NewWithState(filepath.Join(o.StateDir, GrowDir))
-	return &provider{cloud: c, host: host, mounter: m, zone: o.Zone}, nil
+	// Yandex's zones are the ones its Kubernetes nodes are labelled with:
+	// csid names them with the well-known key, so StorageClasses and node
+	// labels need nothing of csid's own.
+	return &provider{cloud: c, host: host, mounter: m, zone: o.Zone, topologyKey: driver.ZoneTopologyKey}, nil
 }
 
 // loopBackingName is the identity of a loop device standing in for a

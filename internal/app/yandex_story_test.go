@@ -215,7 +215,7 @@ func TestNodeIDAndZoneFromTheMetadataService(t *testing.T) {
 		t.Fatal("csid did not become ready within 30s")
 	}
 	info := apptest.R(apptest.Dial(t, dir+"/csi.sock").NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})).Must(t)
-	if info.NodeId != instance || info.AccessibleTopology.GetSegments()[driver.TopologyKey] != zone || info.MaxVolumesPerNode != 6 {
+	if info.NodeId != instance || info.AccessibleTopology.GetSegments()[driver.ZoneTopologyKey] != zone || info.MaxVolumesPerNode != 6 {
 		t.Fatalf("NodeGetInfo %+v, want node %s in zone %s with 6 volumes", info, instance, zone)
 	}
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
@@ -43,5 +44,21 @@ func TestYandexNodeFromMetadata(t *testing.T) {
 	o := Options{Cloud: "yandex", Mode: driver.ModeNode, Yandex: YandexOptions{MetadataURL: "http://127.0.0.1:1"}}
 	if err := o.yandexNode(ctx); err == nil {
 		t.Fatalf("no metadata service: node id %q, want an error", o.NodeID)
+	}
+}
+
+// The loop-file identity stand-in is refused unless the endpoint is a
+// plaintext fake: on a real cloud's node only the virtio serial proves a
+// disk.
+func TestLoopSerialNeedsAFakeAPI(t *testing.T) {
+	f, err := yandexfake.Start(context.Background(), yandexfake.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	o := Options{Cloud: "yandex", Mode: driver.ModeNode, NodeID: "fhmnode0000000000001", StateDir: t.TempDir(),
+		Yandex: YandexOptions{Endpoint: f.Endpoint(), FolderID: f.FolderID(), LoopSerial: true}}
+	if _, err := newYandex(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--yandex-insecure") {
+		t.Fatalf("loop serial without --yandex-insecure: %v, want a refusal naming --yandex-insecure", err)
 	}
 }

@@ -25,8 +25,15 @@ import (
 // DefaultName is csid's default driver name (the CSIDriver object's name).
 const DefaultName = "csid.csi.dev"
 
-// TopologyKey is the topology segment csid reports and reads: the zone.
-const TopologyKey = "topology.csid.dev/zone"
+// Topology keys: the one segment csid reports and reads, the zone.
+const (
+	// TopologyKey is csid's own key, for backends whose zones are csid's
+	// (the local backend, the fake).
+	TopologyKey = "topology.csid.dev/zone"
+	// ZoneTopologyKey is Kubernetes' well-known zone label, for a cloud
+	// whose zones are the ones its nodes are labelled with.
+	ZoneTopologyKey = "topology.kubernetes.io/zone"
+)
 
 // Mode says which services a csid process serves.
 type Mode string
@@ -99,6 +106,9 @@ type Config struct {
 	// Topology: the backend has zones; csid advertises
 	// VOLUME_ACCESSIBILITY_CONSTRAINTS.
 	Topology bool
+	// TopologyKey is the segment that names a zone; empty means
+	// TopologyKey (csid's own).
+	TopologyKey string
 	// Snapshots: the backend takes snapshots and creates disks from
 	// snapshots and other disks (cloud.Snapshotter), whatever the mode; a
 	// controller advertises CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS,
