@@ -121,7 +121,8 @@ func (e stageExec) Execute(ctx context.Context, x *ops.Exec) (ops.Result, error)
 }
 
 // mountFilesystem formats the device if it is blank, mounts it at the
-// staging path, and grows its filesystem to it.
+// staging path, and grows its filesystem to it unless it has just made that
+// filesystem (which fills the device).
 func (n *Node) mountFilesystem(ctx context.Context, x *ops.Exec, a *ops.NodeStageArgs, dev string) error {
 	fsType := a.Capability.FsType
 	if fsType == "" {
@@ -133,10 +134,16 @@ func (n *Node) mountFilesystem(ctx context.Context, x *ops.Exec, a *ops.NodeStag
 	// to recordMade before it makes it, while it probes and formats the
 	// device.
 	record := func(made mounter.Made) error { return recordMade(x, made) }
-	if err := m.FormatAndMount(x.Log.WithContext(ctx), dev, a.StagingPath, fsType, a.Capability.MountFlags, record); err != nil {
+	formatted, err := m.FormatAndMount(x.Log.WithContext(ctx), dev, a.StagingPath, fsType, a.Capability.MountFlags, record)
+	if err != nil {
 		return fmt.Errorf("stage %s at %s: %w", dev, a.StagingPath, err)
 	}
 	crash.Point(crash.MounterAfterMount)
+	if formatted {
+		// A filesystem this call made fills its device. A stage resumed
+		// after a crash here finds the mount and no format, and looks.
+		return nil
+	}
 	if grown, err := m.GrowFilesystem(ctx, dev, a.StagingPath); err != nil {
 		return fmt.Errorf("grow the filesystem of %s: %w", dev, err)
 	} else if grown {

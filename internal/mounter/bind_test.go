@@ -19,7 +19,7 @@ import (
 func staged(tb testing.TB, sb *sandbox) string {
 	tb.Helper()
 	staging := sb.path("staging")
-	if err := New().FormatAndMount(context.Background(), sb.device(32*mib), staging, "ext4", []string{"nosuid", "nodev", "noexec", "noatime"}, nil); err != nil {
+	if _, err := New().FormatAndMount(context.Background(), sb.device(32*mib), staging, "ext4", []string{"nosuid", "nodev", "noexec", "noatime"}, nil); err != nil {
 		tb.Fatal(err)
 	}
 	return staging

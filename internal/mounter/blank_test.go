@@ -192,7 +192,7 @@ func TestBlankDeviceIsFormattedWithoutBlkid(t *testing.T) {
 	rec := &recorder{}
 	m := newLinux(rec.run)
 	dev := sb.device(64 * mib)
-	if err := m.FormatAndMount(ctx, dev, sb.path("staging"), "ext4", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(ctx, dev, sb.path("staging"), "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !rec.formatted() || rec.ranProgram("blkid") {
@@ -250,7 +250,7 @@ func TestSignaturesAreNeverFormattedOver(t *testing.T) {
 			}
 			asked := map[bool]string{true: "xfs", false: "ext4"}[tc.want == "ext4"]
 			target := sb.path("staging")
-			if err := m.FormatAndMount(ctx, dev, target, asked, nil, nil); !errors.Is(err, ErrFormatMismatch) {
+			if _, err := m.FormatAndMount(ctx, dev, target, asked, nil, nil); !errors.Is(err, ErrFormatMismatch) {
 				t.Fatalf("FormatAndMount as %s: %v; want ErrFormatMismatch", asked, err)
 			}
 			if rec.formatted() {

@@ -25,7 +25,7 @@ func growSetup(t *testing.T, size int64) (sb *sandbox, m *Linux, rec *recorder, 
 	dev = sb.device(64 * mib)
 	target := sb.path("staging")
 	ctx := context.Background()
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(target, "data"), []byte("before the growth\n"), 0o600); err != nil {
@@ -57,7 +57,7 @@ func TestGrowthStopsBeforeItsNextStepOnceCancelled(t *testing.T) {
 		}
 	}
 	target := sb.path("staging")
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); !errors.Is(err, context.Canceled) {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("FormatAndMount cancelled after e2fsck: %v, want context.Canceled", err)
 	}
 	if size, err := extSize(dev); err != nil || size != 64*mib {
@@ -72,7 +72,7 @@ func TestGrowthStopsBeforeItsNextStepOnceCancelled(t *testing.T) {
 
 	rec.reset()
 	rec.after = nil
-	if err := m.FormatAndMount(context.Background(), dev, target, "ext4", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(context.Background(), dev, target, "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !rec.ranProgram("resize2fs") || rec.ranCommand("e2fsck -f -y") {
@@ -96,7 +96,7 @@ func TestGrowthDoesNotRepairWhatItDidNotBreak(t *testing.T) {
 	if out, err := exec.Command("debugfs", "-w", "-R", "set_inode_field <2> mode 0100644", dev).CombinedOutput(); err != nil {
 		t.Fatalf("debugfs: %v: %s", err, out)
 	}
-	err := m.FormatAndMount(context.Background(), dev, sb.path("staging"), "ext4", nil, nil)
+	_, err := m.FormatAndMount(context.Background(), dev, sb.path("staging"), "ext4", nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "run e2fsck by hand") {
 		t.Fatalf("FormatAndMount of a damaged filesystem: %v, want an error saying to run e2fsck by hand", err)
 	}
@@ -119,7 +119,7 @@ func TestGrowthBeyondReservedDescriptorsIsRefusedOffline(t *testing.T) {
 	// 64 MiB of 1 KiB blocks reserve 256 descriptor blocks: enough for
 	// about 32 GiB.
 	sb, m, rec, dev := growSetup(t, 40<<30)
-	err := m.FormatAndMount(context.Background(), dev, sb.path("staging"), "ext4", nil, nil)
+	_, err := m.FormatAndMount(context.Background(), dev, sb.path("staging"), "ext4", nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "reserved") || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") {
 		t.Fatalf("FormatAndMount growing 64 MiB to 40 GiB offline: %v, want a refusal that says why and what to do", err)
 	}
@@ -142,7 +142,7 @@ func TestGrowthIsOnlineWhereAllowed(t *testing.T) {
 	}
 	target := sb.path("staging")
 	ctx := context.Background()
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if rec.ranProgram("resize2fs") || rec.ranProgram("e2fsck") {
@@ -176,7 +176,7 @@ func TestGrowthDoesNotStartUnrecorded(t *testing.T) {
 				clear = func() { testutil.SetImmutable(t, m.grow.dir, false) }
 			}
 			target := sb.path("staging")
-			err := m.FormatAndMount(context.Background(), dev, target, "ext4", nil, nil)
+			_, err := m.FormatAndMount(context.Background(), dev, target, "ext4", nil, nil)
 			if err == nil || !strings.Contains(err.Error(), "record the growth") {
 				t.Fatalf("FormatAndMount with the growth record unwritable: %v, want an error saying so", err)
 			}
@@ -187,7 +187,7 @@ func TestGrowthDoesNotStartUnrecorded(t *testing.T) {
 				t.Fatalf("the filesystem is %d bytes (%v), want it untouched", size, err)
 			}
 			clear()
-			if err := m.FormatAndMount(context.Background(), dev, target, "ext4", nil, nil); err != nil {
+			if _, err := m.FormatAndMount(context.Background(), dev, target, "ext4", nil, nil); err != nil {
 				t.Fatalf("FormatAndMount once the fault is gone: %v", err)
 			}
 			if size, err := extSize(dev); err != nil || size < 120*mib {

@@ -139,35 +139,41 @@ func MountCommand(device, target, fsType string, options []string) []string {
 // grow.go). The caller's context ending while a host tool runs lets the
 // tool finish; FormatAndMount then stops before its next step. record, if
 // any, runs beside the device's preparation (whileRecording).
-func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(Made) error) error {
+func (m *Linux) FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(Made) error) (formatted bool, err error) {
 	if err := ValidatePaths(device, target); err != nil {
-		return err
+		return false, err
 	}
 	if fsType == "" {
 		fsType = "ext4"
 	}
 	if _, ok := mkfsArgs[fsType]; !ok {
-		return fmt.Errorf("filesystem %q: csid formats ext4, ext3 and xfs", fsType)
+		return false, fmt.Errorf("filesystem %q: csid formats ext4, ext3 and xfs", fsType)
 	}
 	src, err := openSource(FilesystemMount, device)
 	if err != nil {
 		// What is not a readable block device holds nothing csid could
 		// tell apart from data.
-		return fmt.Errorf("%w: %w", ErrProbeFailed, err)
+		return false, fmt.Errorf("%w: %w", ErrProbeFailed, err)
 	}
 	defer src.Close()
 	e, made, err := planAt(src, target)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer e.Close()
 	if !made.Mounted {
-		return nil
+		return false, nil
 	}
-	if err := whileRecording(made, record, func() error { return m.prepareDevice(ctx, device, fsType, options) }); err != nil {
+	if err := whileRecording(made, record, func() (err error) {
+		formatted, err = m.prepareDevice(ctx, device, fsType, options)
 		return err
+	}); err != nil {
+		return false, err
 	}
-	return mountAt(e, made, func(t *os.File) error { return m.mountFilesystem(ctx, device, t, fsType, options) })
+	if err := mountAt(e, made, func(t *os.File) error { return m.mountFilesystem(ctx, device, t, fsType, options) }); err != nil {
+		return false, err
+	}
+	return formatted, nil
 }
 
 // whileRecording runs prepare (the device's probe and format) while record
@@ -203,37 +209,38 @@ func whileRecording(made Made, record func(Made) error, prepare func() error) er
 }
 
 // prepareDevice formats device with fsType if a successful probe finds it
-// blank, or grows its ext3/ext4 filesystem to the device; another
-// filesystem is ErrFormatMismatch.
-func (m *Linux) prepareDevice(ctx context.Context, device, fsType string, options []string) error {
+// blank (formatted), or grows its ext3/ext4 filesystem to the device;
+// another filesystem is ErrFormatMismatch.
+func (m *Linux) prepareDevice(ctx context.Context, device, fsType string, options []string) (formatted bool, err error) {
 	existing, err := m.Filesystem(ctx, device)
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch existing {
 	case "":
 		if slices.Contains(options, "ro") {
-			return fmt.Errorf("%s is blank and the mount is read-only: csid formats only for read-write mounts", device)
+			return false, fmt.Errorf("%s is blank and the mount is read-only: csid formats only for read-write mounts", device)
 		}
 		zerolog.Ctx(ctx).Info().Str("device", device).Str("fs", fsType).Msg("formatting a blank device")
 		name, args, _ := FormatCommand(fsType, device) // FormatAndMount checked fsType
 		if _, err := m.run(ctx, name, args...); err != nil {
-			return fmt.Errorf("format %s as %s: %w", device, fsType, err)
+			return false, fmt.Errorf("format %s as %s: %w", device, fsType, err)
 		}
 		crash.Point(crash.MounterAfterFormat)
+		formatted = true
 	case fsType:
 		if isExt(fsType) {
 			if _, err := m.growExtBeforeMount(ctx, device, !slices.Contains(options, "ro")); err != nil {
-				return err
+				return false, err
 			}
 		}
 	default:
-		return fmt.Errorf("%s holds %s, asked to mount %s: %w", device, existing, fsType, ErrFormatMismatch)
+		return false, fmt.Errorf("%s holds %s, asked to mount %s: %w", device, existing, fsType, ErrFormatMismatch)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("mount %s: %w", device, err)
+		return false, fmt.Errorf("mount %s: %w", device, err)
 	}
-	return nil
+	return formatted, nil
 }
 
 // mountFilesystem mounts device's filesystem on the directory target with

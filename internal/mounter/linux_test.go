@@ -99,7 +99,7 @@ func TestFormatAndMountKeepsData(t *testing.T) {
 			if got, err := m.Filesystem(ctx, dev); err != nil || got != "" {
 				t.Fatalf("Filesystem of a blank device = %q, %v", got, err)
 			}
-			if err := m.FormatAndMount(ctx, dev, target, fsType, []string{"noatime"}, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, target, fsType, []string{"noatime"}, nil); err != nil {
 				t.Fatal(err)
 			}
 			if !rec.formatted() {
@@ -117,7 +117,7 @@ func TestFormatAndMountKeepsData(t *testing.T) {
 				t.Fatalf("DeviceOf = %q, %v; want %s", got, err, dev)
 			}
 			// Mounted already: success, nothing done.
-			if err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
 				t.Fatalf("FormatAndMount of a mounted target: %v", err)
 			}
 			marker := filepath.Join(target, "marker")
@@ -134,7 +134,7 @@ func TestFormatAndMountKeepsData(t *testing.T) {
 			// Formatted already: mounted as it is, never formatted again.
 			rec = &recorder{}
 			m = newLinux(rec.run)
-			if err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			if rec.formatted() || logged.Len() > 0 {
@@ -146,7 +146,7 @@ func TestFormatAndMountKeepsData(t *testing.T) {
 
 			// Another device on the mounted target: ErrBusy.
 			other := sb.device(fsSizes[fsType])
-			if err := m.FormatAndMount(ctx, other, target, fsType, nil, nil); !errors.Is(err, ErrBusy) {
+			if _, err := m.FormatAndMount(ctx, other, target, fsType, nil, nil); !errors.Is(err, ErrBusy) {
 				t.Fatalf("FormatAndMount of another device on the target: %v, want ErrBusy", err)
 			}
 			if err := m.Unmount(ctx, target); err != nil {
@@ -154,7 +154,7 @@ func TestFormatAndMountKeepsData(t *testing.T) {
 			}
 			// The other filesystem than the one on the device: refused.
 			wrong := map[string]string{"ext4": "xfs", "xfs": "ext4"}[fsType]
-			if err := m.FormatAndMount(ctx, dev, target, wrong, nil, nil); !errors.Is(err, ErrFormatMismatch) {
+			if _, err := m.FormatAndMount(ctx, dev, target, wrong, nil, nil); !errors.Is(err, ErrFormatMismatch) {
 				t.Fatalf("FormatAndMount as %s: %v, want ErrFormatMismatch", wrong, err)
 			}
 			if mounted, _ := m.IsMounted(ctx, target); mounted || rec.formatted() {
@@ -170,7 +170,7 @@ func TestBlankDeviceIsNotFormattedForReadOnly(t *testing.T) {
 	rec := &recorder{}
 	m := newLinux(rec.run)
 	dev := sb.device(16 * mib)
-	if err := m.FormatAndMount(context.Background(), dev, sb.path("t"), "ext4", []string{"ro"}, nil); err == nil || rec.formatted() {
+	if _, err := m.FormatAndMount(context.Background(), dev, sb.path("t"), "ext4", []string{"ro"}, nil); err == nil || rec.formatted() {
 		t.Fatalf("read-only FormatAndMount of a blank device: %v, formatted %v; want a refusal", err, rec.formatted())
 	}
 }
@@ -238,7 +238,7 @@ func TestProbeFailureNeverFormats(t *testing.T) {
 			t.Errorf("%s: Filesystem = %v, want ErrProbeFailed", tc.name, err)
 		}
 		target := sb.path("target-" + strings.ReplaceAll(tc.name, " ", "-"))
-		if err := m.FormatAndMount(ctx, tc.device, target, "ext4", nil, nil); !errors.Is(err, ErrProbeFailed) {
+		if _, err := m.FormatAndMount(ctx, tc.device, target, "ext4", nil, nil); !errors.Is(err, ErrProbeFailed) {
 			t.Errorf("%s: FormatAndMount = %v, want ErrProbeFailed", tc.name, err)
 		}
 		if rec.formatted() {
@@ -282,7 +282,7 @@ func TestBindMountPublishes(t *testing.T) {
 	ctx := context.Background()
 	dev := sb.device(32 * mib)
 	staging := sb.path("staging")
-	if err := m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	rw, ro := sb.path("pods", "a", "mount"), sb.path("pods", "b", "mount")
@@ -413,7 +413,7 @@ func TestGrowFilesystemOffline(t *testing.T) {
 			size := fsSizes[fsType]
 			dev := sb.device(size)
 			target := sb.path("staging")
-			if err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			if grew, err := m.GrowFilesystem(ctx, dev, target); err != nil || grew {
@@ -432,7 +432,7 @@ func TestGrowFilesystemOffline(t *testing.T) {
 			}
 
 			rec.reset()
-			if err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			if rec.formatted() {
@@ -467,7 +467,7 @@ func TestGrowFilesystemOffline(t *testing.T) {
 				t.Fatal(err)
 			}
 			rec.reset()
-			if err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			if rec.ranProgram("e2fsck") {
@@ -493,7 +493,7 @@ func TestGrowFilesystemOnline(t *testing.T) {
 			size := fsSizes[fsType]
 			dev := sb.device(size)
 			target := sb.path("staging")
-			if err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, target, fsType, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			before, err := m.Stats(ctx, target)
@@ -531,7 +531,7 @@ func TestStatsAndList(t *testing.T) {
 	dev := sb.device(64 * mib)
 	target := sb.path("with space", "staging") // the mount table escapes spaces
 	mkdirs(t, filepath.Dir(target))
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	st, err := m.Stats(ctx, target)
@@ -612,7 +612,7 @@ func TestUnmountStackedAndSymlinked(t *testing.T) {
 	m := New()
 	ctx := context.Background()
 	staging := sb.path("staging")
-	if err := m.FormatAndMount(ctx, sb.device(16*mib), staging, "ext4", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(ctx, sb.device(16*mib), staging, "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	target := sb.path("target")
@@ -655,7 +655,7 @@ func TestUnmountOfATargetInUse(t *testing.T) {
 	ctx := context.Background()
 	dev := sb.device(64 * mib)
 	target := sb.path("staging")
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	holder, err := os.Create(filepath.Join(target, "held-open"))

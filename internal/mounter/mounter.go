@@ -152,7 +152,11 @@ type Mounter interface {
 	// probed and formatted, so that its write is not on a stage's way; a
 	// format it fails after is not undone (the device was blank). Already
 	// mounted there: record is not called.
-	FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(Made) error) error
+	//
+	// formatted reports that this call formatted the device (with a nil
+	// error only): its fresh filesystem fills the device, so a caller
+	// need not ask GrowFilesystem.
+	FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(Made) error) (formatted bool, err error)
 	// BindMount bind-mounts the directory source onto target (created if
 	// missing), read-only if readOnly. Already bind-mounted: success.
 	BindMount(ctx context.Context, source, target string, readOnly bool) error

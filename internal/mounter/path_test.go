@@ -62,8 +62,8 @@ func TestMethodsRefuseBadPathsBeforeAnyCall(t *testing.T) {
 	ctx := context.Background()
 	for _, p := range []string{"", "relative", viaDotDot, fresh, "/a\x00"} {
 		calls := map[string]error{
-			"FormatAndMount(device)": m.FormatAndMount(ctx, p, good, "ext4", nil, nil),
-			"FormatAndMount(target)": m.FormatAndMount(ctx, good, p, "ext4", nil, nil),
+			"FormatAndMount(device)": errOf(m.FormatAndMount(ctx, p, good, "ext4", nil, nil)),
+			"FormatAndMount(target)": errOf(m.FormatAndMount(ctx, good, p, "ext4", nil, nil)),
 			"BindMount(source)":      m.BindMount(ctx, p, good, false),
 			"BindMount(target)":      m.BindMount(ctx, good, p, false),
 			"BindMountDevice(dev)":   m.BindMountDevice(ctx, p, good, false),

@@ -61,7 +61,7 @@ func TestOfflineExpansionEndToEnd(t *testing.T) {
 			if got, err := m.DeviceSize(ctx, dev); err != nil || got != size {
 				t.Fatalf("device %s: %d bytes, %v; want %d", dev, got, err, size)
 			}
-			if err := m.FormatAndMount(ctx, dev, staging, fsType, nil, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, staging, fsType, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			data := []byte("written before the expansion")
@@ -108,7 +108,7 @@ func TestOfflineExpansionEndToEnd(t *testing.T) {
 			}
 
 			// Staging again, as NodeStageVolume does: mount, grow.
-			if err := m.FormatAndMount(ctx, dev, staging, fsType, nil, nil); err != nil {
+			if _, err := m.FormatAndMount(ctx, dev, staging, fsType, nil, nil); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := m.GrowFilesystem(ctx, dev, staging); err != nil {

@@ -275,50 +275,51 @@ func checkSource(source string) error {
 // Like the real one, it grows an ext3/ext4 filesystem smaller than its
 // device before a read-write mount. record runs after the format, with the
 // fake's lock held: it must not call the fake.
-func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(mounter.Made) error) error {
+func (m *Mounter) FormatAndMount(ctx context.Context, device, target, fsType string, options []string, record func(mounter.Made) error) (formatted bool, err error) {
 	if err := mounter.ValidatePaths(device, target); err != nil {
-		return err
+		return false, err
 	}
 	if fsType == "" {
 		fsType = "ext4"
 	}
 	if !slices.Contains(supported, fsType) {
-		return fmt.Errorf("filesystem %q: csid formats %v", fsType, supported)
+		return false, fmt.Errorf("filesystem %q: csid formats %v", fsType, supported)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	made, err := m.plan(mounter.FilesystemMount, device, target)
 	if err != nil || !made.Mounted {
-		return err
+		return false, err
 	}
 	d, err := m.probe(device)
 	if err != nil {
-		return err
+		return false, err
 	}
 	readOnly := slices.Contains(options, "ro")
 	switch d.fsType {
 	case "":
 		if readOnly {
-			return fmt.Errorf("%s is blank and the mount is read-only: csid formats only for read-write mounts", device)
+			return false, fmt.Errorf("%s is blank and the mount is read-only: csid formats only for read-write mounts", device)
 		}
 		d.fsType, d.fsBytes = fsType, d.size
+		formatted = true
 	case fsType:
 		if isExt(fsType) && !readOnly && d.fsBytes < d.size {
 			d.fsBytes = d.size
 		}
 	default:
-		return fmt.Errorf("%s holds %s, asked to mount %s: %w", device, d.fsType, fsType, mounter.ErrFormatMismatch)
+		return false, fmt.Errorf("%s holds %s, asked to mount %s: %w", device, d.fsType, fsType, mounter.ErrFormatMismatch)
 	}
 	if record != nil {
 		if err := record(made); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if err := create(made, target); err != nil {
-		return err
+		return false, err
 	}
 	m.add(target, &mount{kind: kindFS, device: device, source: device, fsType: fsType, readOnly: readOnly, options: slices.Clone(options)})
-	return nil
+	return formatted, nil
 }
 
 // add records a mount; the caller holds m.mu.

@@ -47,14 +47,14 @@ func TestProbeFailureClears(t *testing.T) {
 	dev := "/dev/csid-fake/disk-1"
 	target := filepath.Join(t.TempDir(), "staging")
 	m.FailProbe(dev, errors.New("injected"))
-	if err := m.FormatAndMount(ctx, dev, target, "xfs", nil, nil); !errors.Is(err, mounter.ErrProbeFailed) {
+	if _, err := m.FormatAndMount(ctx, dev, target, "xfs", nil, nil); !errors.Is(err, mounter.ErrProbeFailed) {
 		t.Fatalf("FormatAndMount with a failing probe: %v", err)
 	}
 	m.FailProbe(dev, nil)
 	if fsType, err := m.Filesystem(ctx, dev); err != nil || fsType != "" {
 		t.Fatalf("after the failure cleared: %q, %v; want a blank device", fsType, err)
 	}
-	if err := m.FormatAndMount(ctx, dev, target, "xfs", nil, nil); err != nil {
+	if _, err := m.FormatAndMount(ctx, dev, target, "xfs", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -77,8 +77,9 @@ func TestConcurrentVolumes(t *testing.T) {
 				return
 			}
 			for range 20 {
+				_, formatErr := m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil)
 				for _, err := range []error{
-					m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil),
+					formatErr,
 					m.BindMount(ctx, staging, target, false),
 					m.Unmount(ctx, target),
 					m.Unmount(ctx, staging),

@@ -80,6 +80,9 @@ func must(t *testing.T, err error) {
 	}
 }
 
+// errOf is FormatAndMount's error, for a test that asks nothing else of it.
+func errOf(_ bool, err error) error { return err }
+
 func mkdirs(t *testing.T, dirs ...string) {
 	t.Helper()
 	for _, d := range dirs {
@@ -109,10 +112,18 @@ func testFormatMountUnmount(t *testing.T, e Env) {
 	if fsType, err := m.Filesystem(ctx, dev); err != nil || fsType != "" {
 		t.Fatalf("Filesystem of a blank device = %q, %v", fsType, err)
 	}
-	for range 2 {
-		must(t, m.FormatAndMount(ctx, dev, target, "", nil, nil)) // "" is ext4
+	// Formatted by the first call only (the second finds it mounted), and
+	// the fresh filesystem fills its device: nothing to grow.
+	for i, want := range []bool{true, false} {
+		formatted, err := m.FormatAndMount(ctx, dev, target, "", nil, nil) // "" is ext4
+		if err != nil || formatted != want {
+			t.Fatalf("FormatAndMount %d of a blank device = %v, %v; want formatted %v", i+1, formatted, err, want)
+		}
 	}
 	mounted(t, m, target, true)
+	if grown, err := m.GrowFilesystem(ctx, dev, target); err != nil || grown {
+		t.Fatalf("GrowFilesystem right after the format = %v, %v; want nothing grown", grown, err)
+	}
 	if fsType, err := m.Filesystem(ctx, dev); err != nil || fsType != "ext4" {
 		t.Fatalf("Filesystem after FormatAndMount = %q, %v", fsType, err)
 	}
@@ -134,7 +145,7 @@ func testFormatMountUnmount(t *testing.T, e Env) {
 		t.Fatalf("stats after writing a 4 MiB file: %+v, %v (before: %+v)", st2, err, st)
 	}
 	// Another device on the mounted target: ErrBusy.
-	if err := m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil, nil); !errors.Is(err, mounter.ErrBusy) {
+	if _, err := m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil, nil); !errors.Is(err, mounter.ErrBusy) {
 		t.Fatalf("FormatAndMount of another device on the target: %v, want ErrBusy", err)
 	}
 	for range 2 {
@@ -143,7 +154,9 @@ func testFormatMountUnmount(t *testing.T, e Env) {
 	gone(t, target)
 	mounted(t, m, target, false)
 	// Formatted: mounted again as it is.
-	must(t, m.FormatAndMount(ctx, dev, target, "ext4", nil, nil))
+	if formatted, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); err != nil || formatted {
+		t.Fatalf("FormatAndMount of a formatted device = %v, %v; want mounted, not formatted", formatted, err)
+	}
 	must(t, m.Unmount(ctx, target))
 }
 
@@ -151,9 +164,9 @@ func testFormatMismatch(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 300*mib)
 	target := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, target, "xfs", nil, nil))
+	must(t, errOf(m.FormatAndMount(ctx, dev, target, "xfs", nil, nil)))
 	must(t, m.Unmount(ctx, target))
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); !errors.Is(err, mounter.ErrFormatMismatch) {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); !errors.Is(err, mounter.ErrFormatMismatch) {
 		t.Fatalf("FormatAndMount of an xfs device as ext4: %v, want ErrFormatMismatch", err)
 	}
 	mounted(t, m, target, false)
@@ -169,7 +182,7 @@ func testProbeFailure(t *testing.T, e Env) {
 	if _, err := m.Filesystem(ctx, dev); !errors.Is(err, mounter.ErrProbeFailed) {
 		t.Fatalf("Filesystem: %v, want ErrProbeFailed", err)
 	}
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); !errors.Is(err, mounter.ErrProbeFailed) {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, nil); !errors.Is(err, mounter.ErrProbeFailed) {
 		t.Fatalf("FormatAndMount: %v, want ErrProbeFailed", err)
 	}
 	mounted(t, m, target, false)
@@ -180,7 +193,7 @@ func testReadOnlyBlank(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	target := filepath.Join(e.Dir, "staging")
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", []string{"ro"}, nil); err == nil {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", []string{"ro"}, nil); err == nil {
 		t.Fatal("a blank device was formatted for a read-only mount")
 	}
 	if fsType, err := m.Filesystem(ctx, dev); err != nil || fsType != "" {
@@ -207,7 +220,7 @@ func testRecord(t *testing.T, e Env) {
 			return err
 		}
 	}
-	if err := m.FormatAndMount(ctx, dev, target, "ext4", nil, record(refused)); !errors.Is(err, refused) {
+	if _, err := m.FormatAndMount(ctx, dev, target, "ext4", nil, record(refused)); !errors.Is(err, refused) {
 		t.Fatalf("FormatAndMount whose record fails: %v, want the record's error", err)
 	}
 	gone(t, target)
@@ -218,12 +231,12 @@ func testRecord(t *testing.T, e Env) {
 				t.Fatalf("FormatAndMount whose record panics: recovered %v, want the record's panic", p)
 			}
 		}()
-		_ = m.FormatAndMount(ctx, dev, target, "ext4", nil, func(mounter.Made) error { panic("record panicked") })
+		_, _ = m.FormatAndMount(ctx, dev, target, "ext4", nil, func(mounter.Made) error { panic("record panicked") })
 	}()
 	gone(t, target)
-	must(t, m.FormatAndMount(ctx, dev, target, "ext4", nil, record(nil)))
+	must(t, errOf(m.FormatAndMount(ctx, dev, target, "ext4", nil, record(nil))))
 	mounted(t, m, target, true)
-	must(t, m.FormatAndMount(ctx, dev, target, "ext4", nil, record(nil))) // mounted already: nothing to record
+	must(t, errOf(m.FormatAndMount(ctx, dev, target, "ext4", nil, record(nil)))) // mounted already: nothing to record
 	if len(records) != 2 || records[0] != want || records[1] != want {
 		t.Fatalf("recorded %+v, want %+v twice (the failed record, then the mount's)", records, want)
 	}
@@ -234,7 +247,7 @@ func testPublish(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	staging := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
+	must(t, errOf(m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil)))
 	rw, ro := filepath.Join(e.Dir, "pods", "a", "mount"), filepath.Join(e.Dir, "pods", "b", "mount")
 	mkdirs(t, filepath.Dir(rw), filepath.Dir(ro))
 	for range 2 {
@@ -299,7 +312,7 @@ func testGrow(t *testing.T, e Env) {
 		size := sizes[fsType]
 		dev := e.Device(t, size)
 		target := filepath.Join(e.Dir, "staging-"+fsType)
-		must(t, m.FormatAndMount(ctx, dev, target, fsType, nil, nil))
+		must(t, errOf(m.FormatAndMount(ctx, dev, target, fsType, nil, nil)))
 		before, err := m.Stats(ctx, target)
 		must(t, err)
 		must(t, m.Unmount(ctx, target))
@@ -309,7 +322,7 @@ func testGrow(t *testing.T, e Env) {
 			t.Fatalf("%s: DeviceSize after the resize = %d, %v; want %d", fsType, got, err, 2*size)
 		}
 		// Staging again, as the engine does: mount, then grow.
-		must(t, m.FormatAndMount(ctx, dev, target, fsType, nil, nil))
+		must(t, errOf(m.FormatAndMount(ctx, dev, target, fsType, nil, nil)))
 		if _, err := m.GrowFilesystem(ctx, dev, target); err != nil {
 			t.Fatalf("%s: GrowFilesystem: %v", fsType, err)
 		}
@@ -348,7 +361,7 @@ func testInvalidPaths(t *testing.T, e Env) {
 	good := filepath.Join(e.Dir, "good")
 	for _, bad := range []string{"", "relative", filepath.Join(e.Dir, "x") + "/../good"} {
 		errs := map[string]error{
-			"FormatAndMount":  m.FormatAndMount(ctx, bad, good, "ext4", nil, nil),
+			"FormatAndMount":  errOf(m.FormatAndMount(ctx, bad, good, "ext4", nil, nil)),
 			"BindMount":       m.BindMount(ctx, good, bad, false),
 			"BindMountDevice": m.BindMountDevice(ctx, bad, good, false),
 			"Unmount":         m.Unmount(ctx, bad),
@@ -401,7 +414,7 @@ func testSymlinks(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	staging := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
+	must(t, errOf(m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil)))
 	defer func() { must(t, m.Unmount(ctx, staging)) }()
 	elsewhere := filepath.Join(e.Dir, "elsewhere")
 	mkdirs(t, filepath.Join(elsewhere, "empty"))
@@ -415,7 +428,7 @@ func testSymlinks(t *testing.T, e Env) {
 	for _, link := range []string{"link-to-dir", "link-to-file", "link-parent/empty", "link-parent/new", "link-to-staging"} {
 		p := filepath.Join(e.Dir, link)
 		errs := map[string]error{
-			"FormatAndMount":  m.FormatAndMount(ctx, dev, p, "ext4", nil, nil),
+			"FormatAndMount":  errOf(m.FormatAndMount(ctx, dev, p, "ext4", nil, nil)),
 			"BindMount":       m.BindMount(ctx, staging, p, false),
 			"BindMount from":  m.BindMount(ctx, p, filepath.Join(e.Dir, "target"), false),
 			"BindMountDevice": m.BindMountDevice(ctx, dev, p, false),
@@ -442,14 +455,14 @@ func testAnotherMount(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	staging := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
+	must(t, errOf(m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil)))
 	other := filepath.Join(e.Dir, "other")
 	mkdirs(t, other)
 	target := filepath.Join(e.Dir, "target")
 	must(t, m.BindMount(ctx, other, target, false))
 	must(t, os.WriteFile(filepath.Join(target, "theirs"), []byte("x"), 0o600))
 	errs := map[string]error{
-		"FormatAndMount":  m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil, nil),
+		"FormatAndMount":  errOf(m.FormatAndMount(ctx, e.Device(t, 64*mib), target, "ext4", nil, nil)),
 		"BindMount":       m.BindMount(ctx, staging, target, false),
 		"BindMountDevice": m.BindMountDevice(ctx, dev, target, false),
 	}
@@ -481,7 +494,7 @@ func testContent(t *testing.T, e Env) {
 	m := e.Mounter
 	dev := e.Device(t, 64*mib)
 	staging := filepath.Join(e.Dir, "staging")
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
+	must(t, errOf(m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil)))
 	defer func() { must(t, m.Unmount(ctx, staging)) }()
 	full := filepath.Join(e.Dir, "full")
 	mkdirs(t, full, filepath.Join(e.Dir, "emptydir"))
@@ -509,7 +522,7 @@ func testContent(t *testing.T, e Env) {
 		var err error
 		switch c.kind {
 		case mounter.FilesystemMount:
-			err = m.FormatAndMount(ctx, dev, c.path, "ext4", nil, nil)
+			_, err = m.FormatAndMount(ctx, dev, c.path, "ext4", nil, nil)
 		case mounter.DirBind:
 			src, err = staging, m.BindMount(ctx, staging, c.path, false)
 		case mounter.DeviceBind:
@@ -538,7 +551,7 @@ func testPlanUndo(t *testing.T, e Env) {
 	if want := (mounter.Made{Kind: mounter.FilesystemMount, Source: dev, Created: true, Mounted: true}); made != want {
 		t.Fatalf("Plan of a new staging = %+v, want %+v", made, want)
 	}
-	must(t, m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil))
+	must(t, errOf(m.FormatAndMount(ctx, dev, staging, "ext4", nil, nil)))
 	if again, err := m.Plan(ctx, mounter.FilesystemMount, dev, staging); err != nil || !again.Nothing() {
 		t.Fatalf("Plan once mounted = %+v, %v; want nothing to make", again, err)
 	}
@@ -614,7 +627,7 @@ func testDeviceUses(t *testing.T, e Env) {
 	pod := filepath.Join(e.Dir, "pods", "a", "mount")
 	target := filepath.Join(e.Dir, "pods", "b", "volumeDevices", "disk")
 	mkdirs(t, filepath.Dir(pod), filepath.Dir(target))
-	must(t, m.FormatAndMount(ctx, fs, staging, "ext4", nil, nil))
+	must(t, errOf(m.FormatAndMount(ctx, fs, staging, "ext4", nil, nil)))
 	must(t, m.BindMount(ctx, staging, pod, false))
 	must(t, m.BindMountDevice(ctx, raw, target, false))
 	// A filesystem's bind mounts are its mounts too; a device's node bound
