@@ -78,6 +78,9 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 			} else {
 				op, err = c.createLocked(hash, d, started, leave)
 			}
+			if err == nil {
+				c.names.remember(diskID(d.ID), hash)
+			}
 			return err
 		}, diskKey(diskID(d.ID)))
 	}, nameKey(hash))
@@ -213,7 +216,8 @@ func (s *state) ensureImage(d cloud.Disk) error {
 }
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name
-// and its id, the record goes first, durably (the disk no longer exists),
+// (remembered from its create in this process, else read from its record
+// first: diskNames) and its id, the record is read, then goes first, durably (the disk no longer exists),
 // then its name entry and its image (if it was ever attached); a crash in
 // between leaves an entry and an image that the next create of the name,
 // or Open, removes. The record file (and the name entry's, when the
@@ -230,54 +234,69 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskIDStr string) (cloud.Operati
 	leave := c.s.jrnl.arrive()
 	defer leave()
 	started := c.opts.now()
-	d, err := c.s.readDisk(id)
-	if errors.Is(err, cloud.ErrNotFound) {
-		// Nothing makes a disk of this id again: gone stays gone.
-		return c.recordLocked(ctx, cloud.OpDelete, id, "", started, nil)
-	}
-	if err != nil {
-		return cloud.Operation{}, ioFailure("read disk", err)
-	}
-	hash := nameHash(d.Name)
-	var op cloud.Operation
-	err = c.locked(ctx, func() error {
+	hash, known := c.names.lookup(id)
+	if !known {
 		d, err := c.s.readDisk(id)
 		if errors.Is(err, cloud.ErrNotFound) {
-			op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
-			return err
+			// Nothing makes a disk of this id again: gone stays gone.
+			return c.recordLocked(ctx, cloud.OpDelete, id, "", started, nil)
 		}
 		if err != nil {
-			return ioFailure("read disk", err)
+			return cloud.Operation{}, ioFailure("read disk", err)
 		}
-		if d.AttachedTo != "" {
-			return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
-		}
-		in := intent{Op: newOpID(time.Now()), Kind: intentDelete, ID: id, Name: hash}
-		done, err := c.s.jrnl.log(in, leave)
-		if err != nil {
-			return ioFailure("journal the delete", err)
-		}
-		defer done()
-		c.s.hit(crash.LocalDeleteLogged)
-		// The record leaves its place for a temporary name, from which
-		// it becomes a spare.
-		retired := tempPath(c.s.disks, string(id)+recSuffix)
-		if err := os.Rename(c.s.recordPath(id), retired); err != nil && !errors.Is(err, os.ErrNotExist) {
-			c.s.jrnl.abort(in.Op)
-			return c.recordedFailure(&op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
-		}
-		c.s.hit(crash.LocalDeleteRemoved)
-		// The disk is gone with its record. What is left if these fail
-		// is found stale and removed later. The file becomes a spare at
-		// once: a crash of the machine that brings back its name entry or
-		// its place replays the delete, which removes them (journal.go).
-		_ = c.s.unname(hash, id)
-		c.s.spares.retire(retired)
-		_ = os.Remove(c.s.imagePath(id))
-		op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
-		return err
+		hash = nameHash(d.Name)
+	}
+	var op cloud.Operation
+	err := c.locked(ctx, func() error {
+		return c.deleteLocked(&op, id, hash, started, leave)
 	}, nameKey(hash), diskKey(id))
 	return op, err
+}
+
+// deleteLocked deletes disk id, named by hash, under the locks of both.
+func (c *Cloud) deleteLocked(op *cloud.Operation, id diskID, hash string, started time.Time, leave func()) error {
+	d, rec, err := c.s.readDiskStat(id)
+	if errors.Is(err, cloud.ErrNotFound) {
+		c.names.forget(id)
+		*op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
+		return err
+	}
+	if err != nil {
+		return ioFailure("read disk", err)
+	}
+	if nameHash(d.Name) != hash {
+		return fmt.Errorf("disk %s is named %q now, not as when it was made: the state directory is damaged", id, d.Name)
+	}
+	if d.AttachedTo != "" {
+		return fmt.Errorf("disk %s is attached to %s: %w", id, d.AttachedTo, cloud.ErrAttached)
+	}
+	in := intent{Op: newOpID(time.Now()), Kind: intentDelete, ID: id, Name: hash}
+	done, err := c.s.jrnl.log(in, leave)
+	if err != nil {
+		return ioFailure("journal the delete", err)
+	}
+	defer done()
+	c.s.hit(crash.LocalDeleteLogged)
+	// The record leaves its place for a temporary name, from which it
+	// becomes a spare.
+	retired := tempPath(c.s.disks, string(id)+recSuffix)
+	if err := os.Rename(c.s.recordPath(id), retired); err != nil && !errors.Is(err, os.ErrNotExist) {
+		c.s.jrnl.abort(in.Op)
+		return c.recordedFailure(op, cloud.OpDelete, id, "", started, ioFailure("remove disk record", err))
+	}
+	c.s.hit(crash.LocalDeleteRemoved)
+	c.names.forget(id)
+	// The disk is gone with its record. What is left if these fail is
+	// found stale and removed later. The file becomes a spare at once: a
+	// crash of the machine that brings back its name entry or its place
+	// replays the delete, which removes them (journal.go). The image is
+	// unlinked without os.Remove's second try as a directory: most disks
+	// were never attached and have none.
+	_ = c.s.unname(hash, id, &rec)
+	c.s.spares.retire(retired)
+	_ = unix.Unlink(c.s.imagePath(id))
+	*op, err = c.record(cloud.OpDelete, id, "", started, nil, nil)
+	return err
 }
 
 // recordLocked records a finished operation under the disk's lock.

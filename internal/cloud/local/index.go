@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +38,42 @@ func nodeHash(node string) string {
 
 func (s *state) namePath(hash string) string { return filepath.Join(s.names, hash) }
 func (s *state) nodeDir(hash string) string  { return filepath.Join(s.attached, hash) }
+
+// diskNames remembers the name hash of the disks this process created:
+// DeleteDisk takes the lock of a disk's name before the disk's, so it must
+// know the name before it reads the record under that lock, and without
+// this it reads the record twice. A disk's name never changes and its id
+// is never reused, so an entry stays true for as long as the disk exists,
+// whatever another process does meanwhile; DeleteDisk still reads the
+// record under its locks. Entries leave with the disk's delete, so the map
+// holds at most the disks this process created and did not delete. The
+// zero value is empty.
+type diskNames struct {
+	mu sync.Mutex
+	m  map[diskID]string
+}
+
+func (n *diskNames) remember(id diskID, hash string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil {
+		n.m = map[diskID]string{}
+	}
+	n.m[id] = hash
+}
+
+func (n *diskNames) lookup(id diskID) (hash string, ok bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	hash, ok = n.m[id]
+	return hash, ok
+}
+
+func (n *diskNames) forget(id diskID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.m, id)
+}
 
 // named reads the name index: the disk the entry of hash names, or false
 // when there is no entry. An entry is a hard link to the disk's first
@@ -68,17 +105,23 @@ func (s *state) named(hash string) (diskID, bool, error) {
 // records and name entries are read on every change, and os.ReadFile's
 // bookkeeping for pollable files costs five more calls than the read.
 func readRegular(path string) ([]byte, error) {
+	raw, _, err := readRegularStat(path)
+	return raw, err
+}
+
+// readRegularStat is readRegular, and the file's status as it was read.
+func readRegularStat(path string) ([]byte, unix.Stat_t, error) {
+	var st unix.Stat_t
 	fd, err := openNoEINTR(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		return nil, st, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+		return nil, st, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("%s is not a regular file", path)
+		return nil, st, fmt.Errorf("%s is not a regular file", path)
 	}
 	// One byte more than the size, to see the end in the first read.
 	buf := make([]byte, 0, max(st.Size, 0)+1)
@@ -91,9 +134,9 @@ func readRegular(path string) ([]byte, error) {
 		case errors.Is(err, unix.EINTR):
 			continue
 		case err != nil:
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+			return nil, st, &os.PathError{Op: "read", Path: path, Err: err}
 		case n == 0:
-			return buf, nil
+			return buf, st, nil
 		}
 		buf = buf[:len(buf)+n]
 	}
@@ -124,14 +167,24 @@ func (s *state) name(hash, path string, durable bool) error {
 }
 
 // unname removes the entry of hash if it points to id; its file becomes a
-// spare once it is no record either (spare.go). The caller holds the
-// name's lock and has journaled the delete. The removal is not made
-// durable: an entry that comes back after a crash of the machine is
-// removed by the delete's replay.
-func (s *state) unname(hash string, id diskID) error {
-	got, ok, err := s.named(hash)
-	if err != nil || !ok || got != id {
-		return err
+// spare once it is no record either (spare.go). rec is the status of the
+// disk's record as the caller read it under the disk's lock: an entry that
+// is that very file (the record was never replaced, as for most disks) is
+// the disk's without being read. The caller holds the name's lock and has
+// journaled the delete. The removal is not made durable: an entry that
+// comes back after a crash of the machine is removed by the delete's
+// replay.
+func (s *state) unname(hash string, id diskID, rec *unix.Stat_t) error {
+	var st unix.Stat_t
+	err := unix.Lstat(s.namePath(hash), &st)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil || st.Ino != rec.Ino || st.Dev != rec.Dev {
+		got, ok, err := s.named(hash)
+		if err != nil || !ok || got != id {
+			return err
+		}
 	}
 	// No cooling (spare.go): the delete is journaled, and the replay
 	// of its intent removes an entry that comes back (journal.go).

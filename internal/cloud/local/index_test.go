@@ -272,3 +272,65 @@ func TestIdleOperationLogIsNotAppendedTo(t *testing.T) {
 		t.Fatalf("logs after an idle spell: %v, %v; want two", logs, err)
 	}
 }
+
+// A disk whose record was replaced since its create (here by a change of
+// tags) has a name entry that is no longer the record's file: its delete
+// must still find the entry its own and remove it.
+func TestDeleteRemovesTheNameEntryOfAReplacedRecord(t *testing.T) {
+	c := open(t, newDir(t), Options{})
+	ctx := context.Background()
+	d := create(t, c, "pvc-tagged", gib)
+	op, err := c.UpdateDiskTags(ctx, d.ID, map[string]string{"team": "storage"})
+	if err == nil {
+		_, err = c.WaitOperation(ctx, op.ID)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := c.s.namePath(nameHash(d.Name))
+	var rec, ent unix.Stat_t
+	if err := errors.Join(unix.Lstat(c.s.recordPath(diskID(d.ID)), &rec), unix.Lstat(entry, &ent)); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Ino == ent.Ino {
+		t.Fatalf("the tag change left the record's file in place: the test needs a replaced record")
+	}
+	mustDelete(t, c, d.ID)
+	if _, err := os.Lstat(entry); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("name entry %s after the delete: %v, want none", entry, err)
+	}
+}
+
+// Another process may delete a disk this one created, and create one of
+// the same name: what this process remembers of the name must not stand
+// in for the records.
+func TestDeleteSeesAnotherProcess(t *testing.T) {
+	dir := newDir(t)
+	a, b := open(t, dir, Options{}), open(t, dir, Options{})
+	first := create(t, a, "pvc-shared", gib)
+	mustDelete(t, b, first.ID)
+	mustDelete(t, a, first.ID) // gone stays gone
+	second := create(t, b, "pvc-shared", 2*gib)
+	mustDelete(t, a, second.ID)
+	if _, err := b.s.readDisk(diskID(second.ID)); !errors.Is(err, cloud.ErrNotFound) {
+		t.Fatalf("disk %s after a's delete: %v, want ErrNotFound", second.ID, err)
+	}
+	if _, ok, err := a.s.named(nameHash("pvc-shared")); ok || err != nil {
+		t.Fatalf("name entry of pvc-shared after the deletes: %v, %v; want none", ok, err)
+	}
+	third := create(t, a, "pvc-shared", 3*gib)
+	if third.ID == first.ID || third.ID == second.ID {
+		t.Fatalf("create after the deletes returned an old disk %s", third.ID)
+	}
+}
+
+func mustDelete(t *testing.T, c *Cloud, id string) {
+	t.Helper()
+	op, err := c.DeleteDisk(context.Background(), id)
+	if err == nil {
+		_, err = c.WaitOperation(context.Background(), op.ID)
+	}
+	if err != nil {
+		t.Fatalf("delete %s: %v", id, err)
+	}
+}

@@ -393,21 +393,27 @@ type diskRecord struct {
 
 // readDisk reads a disk record; a missing one is ErrNotFound.
 func (s *state) readDisk(id diskID) (cloud.Disk, error) {
-	raw, err := readRegular(s.recordPath(id))
+	d, _, err := s.readDiskStat(id)
+	return d, err
+}
+
+// readDiskStat is readDisk, and the status of the record file it read.
+func (s *state) readDiskStat(id diskID) (cloud.Disk, unix.Stat_t, error) {
+	raw, st, err := readRegularStat(s.recordPath(id))
 	if errors.Is(err, os.ErrNotExist) {
-		return cloud.Disk{}, fmt.Errorf("disk %s: %w", id, cloud.ErrNotFound)
+		return cloud.Disk{}, st, fmt.Errorf("disk %s: %w", id, cloud.ErrNotFound)
 	}
 	if err != nil {
-		return cloud.Disk{}, fmt.Errorf("disk %s: %w", id, err)
+		return cloud.Disk{}, st, fmt.Errorf("disk %s: %w", id, err)
 	}
 	var rec diskRecord
 	if err := json.Unmarshal(raw, &rec); err != nil {
-		return cloud.Disk{}, fmt.Errorf("disk record %s: %w", s.recordPath(id), err)
+		return cloud.Disk{}, st, fmt.Errorf("disk record %s: %w", s.recordPath(id), err)
 	}
 	if rec.Version != recordVersion || rec.Disk.ID != string(id) {
-		return cloud.Disk{}, fmt.Errorf("disk record %s: version %d for %q, want version %d for %s", s.recordPath(id), rec.Version, rec.Disk.ID, recordVersion, id)
+		return cloud.Disk{}, st, fmt.Errorf("disk record %s: version %d for %q, want version %d for %s", s.recordPath(id), rec.Version, rec.Disk.ID, recordVersion, id)
 	}
-	return rec.Disk, nil
+	return rec.Disk, st, nil
 }
 
 // recordFile writes the record of disk d into a file under a temporary
