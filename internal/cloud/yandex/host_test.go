@@ -346,6 +346,11 @@ func TestDevicesListsProvenDisksOnly(t *testing.T) {
 	if len(got) != 1 || got[diskA] != devA {
 		t.Fatalf("devices %v, want only %s: %s", got, diskA, devA)
 	}
+	// No by-id directory yet (udev makes it with the first disk): none.
+	none := NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: filepath.Join(n.dir, "no-by-id"), Serial: loopSerial})
+	if got, err := none.Devices(context.Background()); err != nil || got == nil || len(got) != 0 {
+		t.Fatalf("devices without a by-id directory: %v, %v; want none", got, err)
+	}
 }
 
 // A stale link (to another disk's device) that udev replaces while the
