@@ -306,8 +306,9 @@ type DiskTyper interface {
 // AttachedGrower is implemented by providers that say whether they grow
 // an attached disk. One that does not implement it, or answers false,
 // grows only detached disks: ResizeDisk of an attached disk is
-// ErrAttached, and csid queues the resize of an attached volume for its
-// detach.
+// ErrAttached. csid does not consult it yet: its engine queues the resize
+// of every attached volume for its detach, whatever the provider answers
+// (docs/cloud.md).
 type AttachedGrower interface {
 	// GrowsAttached reports whether ResizeDisk grows an attached disk.
 	GrowsAttached() bool
