@@ -66,12 +66,8 @@ func (m *Metadata) value(ctx context.Context, key string) (string, error) {
 	pause := m.pause
 	for attempt := range m.attempts {
 		if attempt > 0 {
-			t := time.NewTimer(pause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return "", fmt.Errorf("metadata %s: %w (last: %v)", key, ctx.Err(), last)
-			case <-t.C:
+			if err := sleepCtx(ctx, pause); err != nil {
+				return "", fmt.Errorf("metadata %s: %w (last: %v)", key, err, last)
 			}
 			pause *= 2
 		}
