@@ -373,6 +373,23 @@ func VirtioSerial(f *os.File) (string, error) {
 	return sysfsAttr(number, "serial")
 }
 
+// LoopSerial is the serial of an open loop device standing in for a disk
+// (a test's node simulator, such as the fake API's LoopNode): the base
+// name of its backing file, which the simulator names after the disk id,
+// read for the descriptor's device number as VirtioSerial reads a virtio
+// disk's. It proves nothing on a real instance.
+func LoopSerial(f *os.File) (string, error) {
+	number, err := deviceNumber(f)
+	if err != nil {
+		return "", err
+	}
+	backing, err := sysfsAttr(number, "loop/backing_file")
+	if err != nil {
+		return "", err
+	}
+	return filepath.Base(strings.TrimSuffix(backing, " (deleted)")), nil
+}
+
 // sysfsAttr reads attribute name of the block device number from sysfs.
 func sysfsAttr(number uint64, name string) (string, error) {
 	raw, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/%s", unix.Major(number), unix.Minor(number), name))

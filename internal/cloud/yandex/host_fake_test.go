@@ -35,7 +35,7 @@ func TestHostOnTheFakeAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	h := NewHost(HostOptions{InstanceID: testInstance, Cloud: c, ByIDDir: node.ByIDDir(), Serial: loopSerial, DeviceWait: time.Minute})
+	h := NewHost(HostOptions{InstanceID: testInstance, Cloud: c, ByIDDir: node.ByIDDir(), Serial: LoopSerial, DeviceWait: time.Minute})
 	wait := func(op cloud.Operation, err error) cloud.Disk {
 		t.Helper()
 		if err != nil {
