@@ -106,8 +106,9 @@ type DiskSpec struct {
 	Source *DiskSource
 	// Type is the disk type, one of the provider's DiskTypes (DiskTyper);
 	// empty means the provider's default. It is part of the idempotency
-	// key: the same name with another type is ErrAlreadyExists. A
-	// provider without types refuses any (ErrInvalid).
+	// key: the same name with another type is ErrAlreadyExists. It is
+	// set only for a provider with types: the driver refuses a
+	// StorageClass's "type" for one without (local and fake ignore it).
 	Type string
 }
 
