@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	computepb "github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
@@ -183,15 +184,7 @@ func (c *Cloud) ListDisks(ctx context.Context, opts cloud.ListOptions) (cloud.Di
 	if err != nil {
 		return cloud.DiskPage{}, err
 	}
-	slices.SortFunc(all, func(a, b cloud.Disk) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(all, func(a, b cloud.Disk) int { return strings.Compare(a.ID, b.ID) })
 	page := cloud.DiskPage{Disks: all}
 	if len(all) > max {
 		page.Disks = all[:max]
