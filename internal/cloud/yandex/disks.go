@@ -280,11 +280,8 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskID string, tags map[stri
 // deleted with it, with the disk id as its device name (the node finds it
 // as /dev/disk/by-id/virtio-<disk id>).
 func (c *Cloud) AttachDisk(ctx context.Context, diskID, nodeID string) (cloud.Operation, error) {
-	if err := checkDiskID(diskID, false); err != nil {
+	if err := checkAttachment(diskID, nodeID); err != nil {
 		return cloud.Operation{}, err
-	}
-	if !nodePattern.MatchString(nodeID) {
-		return cloud.Operation{}, fmt.Errorf("instance id %q: %w", nodeID, cloud.ErrInvalid)
 	}
 	d, err := c.disk(ctx, diskID)
 	if err != nil {
@@ -311,6 +308,18 @@ func (c *Cloud) AttachDisk(ctx context.Context, diskID, nodeID string) (cloud.Op
 	return c.operation(yop, cloud.OpAttach, diskID, nodeID)
 }
 
+// checkAttachment refuses a disk id or an instance id that is not
+// Yandex's (ErrInvalid), before an attach or a detach.
+func checkAttachment(diskID, nodeID string) error {
+	if err := checkDiskID(diskID, false); err != nil {
+		return err
+	}
+	if !nodePattern.MatchString(nodeID) {
+		return fmt.Errorf("instance id %q: %w", nodeID, cloud.ErrInvalid)
+	}
+	return nil
+}
+
 // refused names why the API refused a change of a disk that csid's checks
 // let through: the disk was attached meanwhile (ErrAttached); else the
 // refusal as it maps (a busy disk is ErrTransient, a full instance
@@ -329,11 +338,8 @@ func (c *Cloud) refused(ctx context.Context, err error, diskID string) error {
 // DetachDisk starts detaching a disk from an instance; a disk not attached
 // there (or gone) is done at once.
 func (c *Cloud) DetachDisk(ctx context.Context, diskID, nodeID string) (cloud.Operation, error) {
-	if err := checkDiskID(diskID, false); err != nil {
+	if err := checkAttachment(diskID, nodeID); err != nil {
 		return cloud.Operation{}, err
-	}
-	if !nodePattern.MatchString(nodeID) {
-		return cloud.Operation{}, fmt.Errorf("instance id %q: %w", nodeID, cloud.ErrInvalid)
 	}
 	d, err := c.disk(ctx, diskID)
 	if errors.Is(err, cloud.ErrNotFound) {
