@@ -296,7 +296,7 @@ func (c *Cloud) AttachDisk(ctx context.Context, diskID, nodeID string) (cloud.Op
 	if err != nil {
 		return cloud.Operation{}, err
 	}
-	if n := len(inst.GetSecondaryDisks()); n >= c.maxDisks {
+	if n := len(inst.GetSecondaryDisks()); n >= c.opts.MaxDisks {
 		return cloud.Operation{}, fmt.Errorf("instance %s holds %d disks, its limit: %w", nodeID, n, cloud.ErrLimitReached)
 	}
 	yop, err := c.sdk.Compute().Instance().AttachDisk(ctx, &computepb.AttachInstanceDiskRequest{InstanceId: nodeID,
