@@ -37,7 +37,7 @@ type HostOptions struct {
 	// Serial reads the serial of the open block device f, the identity
 	// Yandex guarantees: the device name the disk was attached with, which
 	// csid sets to the disk id (default VirtioSerial). Tests with loop
-	// devices standing in for disks pass their own.
+	// devices standing in for disks pass LoopSerial.
 	Serial func(f *os.File) (string, error)
 	// DeviceWait bounds the wait for an attached disk's device to appear
 	// (default DefaultDeviceWait).
