@@ -106,8 +106,9 @@ type DiskSpec struct {
 	Source *DiskSource
 	// Type is the disk type, one of the provider's DiskTypes (DiskTyper);
 	// empty means the provider's default. It is part of the idempotency
-	// key: the same name with another type is ErrAlreadyExists. A
-	// provider without types refuses any (ErrInvalid).
+	// key: the same name with another type is ErrAlreadyExists. It is
+	// set only for a provider with types: the driver refuses a
+	// StorageClass's "type" for one without (local and fake ignore it).
 	Type string
 }
 
@@ -306,8 +307,9 @@ type DiskTyper interface {
 // AttachedGrower is implemented by providers that say whether they grow
 // an attached disk. One that does not implement it, or answers false,
 // grows only detached disks: ResizeDisk of an attached disk is
-// ErrAttached, and csid queues the resize of an attached volume for its
-// detach.
+// ErrAttached. csid does not consult it yet: its engine queues the resize
+// of every attached volume for its detach, whatever the provider answers
+// (docs/cloud.md).
 type AttachedGrower interface {
 	// GrowsAttached reports whether ResizeDisk grows an attached disk.
 	GrowsAttached() bool

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,23 +22,8 @@ func TestAttachedGrowRefusalIsErrAttached(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	c, err := New(ctx, Options{Endpoint: f.Endpoint(), Insecure: true, FolderID: f.FolderID(), KeyFile: keyFile,
-		Zones: []string{zone}, Driver: "csid.dev", PollInterval: time.Millisecond, Backoff: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	do := func(op cloud.Operation, err error) cloud.Disk {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := c.WaitOperation(ctx, op.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	c := Open(t, FakeOptions(f, keyFile))
+	do := Waiter(t, c)
 	d := do(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30}))
 
 	// The grow's operation fails with FailedPrecondition, the disk detached:

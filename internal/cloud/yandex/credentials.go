@@ -3,8 +3,8 @@ package yandex
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -98,23 +98,12 @@ func (*instanceServiceAccount) YandexCloudAPICredentials() {}
 
 // IAMToken fetches the instance service account's IAM token.
 func (c *instanceServiceAccount) IAMToken(ctx context.Context) (*iampb.CreateIamTokenResponse, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
-	if err != nil {
-		return nil, fmt.Errorf("yandex: metadata token request: %w", err)
+	body, _, err := metadataGet(ctx, c.client, c.url, 1<<20)
+	if errors.Is(err, errMetadataStatus) {
+		return nil, fmt.Errorf("yandex: instance service account token from %s: %v (does the instance have a service account?)", c.url, err)
 	}
-	req.Header.Set("Metadata-Flavor", "Google")
-	resp, err := c.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("yandex: instance service account token from %s: %w", c.url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, fmt.Errorf("yandex: instance service account token from %s: %w", c.url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		// The body is not quoted: it might hold a token.
-		return nil, fmt.Errorf("yandex: instance service account token from %s: %s (does the instance have a service account?)", c.url, resp.Status)
 	}
 	var tok struct {
 		AccessToken string `json:"access_token"`

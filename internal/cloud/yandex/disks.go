@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	computepb "github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
@@ -183,15 +184,7 @@ func (c *Cloud) ListDisks(ctx context.Context, opts cloud.ListOptions) (cloud.Di
 	if err != nil {
 		return cloud.DiskPage{}, err
 	}
-	slices.SortFunc(all, func(a, b cloud.Disk) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(all, func(a, b cloud.Disk) int { return strings.Compare(a.ID, b.ID) })
 	page := cloud.DiskPage{Disks: all}
 	if len(all) > max {
 		page.Disks = all[:max]
@@ -287,11 +280,8 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskID string, tags map[stri
 // deleted with it, with the disk id as its device name (the node finds it
 // as /dev/disk/by-id/virtio-<disk id>).
 func (c *Cloud) AttachDisk(ctx context.Context, diskID, nodeID string) (cloud.Operation, error) {
-	if err := checkDiskID(diskID, false); err != nil {
+	if err := checkAttachment(diskID, nodeID); err != nil {
 		return cloud.Operation{}, err
-	}
-	if !nodePattern.MatchString(nodeID) {
-		return cloud.Operation{}, fmt.Errorf("instance id %q: %w", nodeID, cloud.ErrInvalid)
 	}
 	d, err := c.disk(ctx, diskID)
 	if err != nil {
@@ -306,7 +296,7 @@ func (c *Cloud) AttachDisk(ctx context.Context, diskID, nodeID string) (cloud.Op
 	if err != nil {
 		return cloud.Operation{}, err
 	}
-	if n := len(inst.GetSecondaryDisks()); n >= c.maxDisks {
+	if n := len(inst.GetSecondaryDisks()); n >= c.opts.MaxDisks {
 		return cloud.Operation{}, fmt.Errorf("instance %s holds %d disks, its limit: %w", nodeID, n, cloud.ErrLimitReached)
 	}
 	yop, err := c.sdk.Compute().Instance().AttachDisk(ctx, &computepb.AttachInstanceDiskRequest{InstanceId: nodeID,
@@ -316,6 +306,18 @@ func (c *Cloud) AttachDisk(ctx context.Context, diskID, nodeID string) (cloud.Op
 		return cloud.Operation{}, c.refused(ctx, err, diskID)
 	}
 	return c.operation(yop, cloud.OpAttach, diskID, nodeID)
+}
+
+// checkAttachment refuses a disk id or an instance id that is not
+// Yandex's (ErrInvalid), before an attach or a detach.
+func checkAttachment(diskID, nodeID string) error {
+	if err := checkDiskID(diskID, false); err != nil {
+		return err
+	}
+	if !nodePattern.MatchString(nodeID) {
+		return fmt.Errorf("instance id %q: %w", nodeID, cloud.ErrInvalid)
+	}
+	return nil
 }
 
 // refused names why the API refused a change of a disk that csid's checks
@@ -336,11 +338,8 @@ func (c *Cloud) refused(ctx context.Context, err error, diskID string) error {
 // DetachDisk starts detaching a disk from an instance; a disk not attached
 // there (or gone) is done at once.
 func (c *Cloud) DetachDisk(ctx context.Context, diskID, nodeID string) (cloud.Operation, error) {
-	if err := checkDiskID(diskID, false); err != nil {
+	if err := checkAttachment(diskID, nodeID); err != nil {
 		return cloud.Operation{}, err
-	}
-	if !nodePattern.MatchString(nodeID) {
-		return cloud.Operation{}, fmt.Errorf("instance id %q: %w", nodeID, cloud.ErrInvalid)
 	}
 	d, err := c.disk(ctx, diskID)
 	if errors.Is(err, cloud.ErrNotFound) {

@@ -3,7 +3,6 @@ package yandex
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -77,8 +76,8 @@ func TestThrottleRetriesOnlyLoadRefusals(t *testing.T) {
 			return tc.err
 		}
 		err := th.unary(context.Background(), "/m", nil, nil, nil, invoke)
-		if tries != tc.tries || !errors.Is(err, tc.err) && fmt.Sprint(err) != fmt.Sprint(tc.err) {
-			t.Errorf("%v: %d tries, error %v; want %d tries", tc.err, tries, err, tc.tries)
+		if tries != tc.tries || err != tc.err || len(pauses) != tc.tries-1 {
+			t.Errorf("%v: %d tries, %d pauses, error %v; want %d tries, a pause between two, the last error", tc.err, tries, len(pauses), err, tc.tries)
 		}
 		for i, p := range pauses {
 			ceil := min(th.base<<i, th.max)

@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
 )
 
@@ -27,4 +29,40 @@ func StartFake(t *testing.T, opts yandexfake.Options) (*yandexfake.Fake, string)
 		t.Fatal(err)
 	}
 	return f, path
+}
+
+// FakeOptions are a Cloud's options on fake f, with the key file it
+// issued: the fake's zones, quick polls and backoffs, and a rate limit
+// that does not slow a test.
+func FakeOptions(f *yandexfake.Fake, keyFile string) Options {
+	return Options{Endpoint: f.Endpoint(), Insecure: true, FolderID: f.FolderID(), KeyFile: keyFile,
+		Zones: f.Zones(), Driver: "csid.dev", RateLimit: 1000, Burst: 1000, PollInterval: time.Millisecond,
+		Backoff: time.Millisecond}
+}
+
+// Open is New, the Cloud closed at the end of the test.
+func Open(t *testing.T, o Options) *Cloud {
+	t.Helper()
+	c, err := New(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Waiter returns a wait for c's operations that fails the test on an
+// error of the call or of the operation.
+func Waiter(t *testing.T, c *Cloud) func(cloud.Operation, error) cloud.Disk {
+	return func(op cloud.Operation, err error) cloud.Disk {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := c.WaitOperation(context.Background(), op.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
 }

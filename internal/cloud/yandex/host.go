@@ -37,7 +37,7 @@ type HostOptions struct {
 	// Serial reads the serial of the open block device f, the identity
 	// Yandex guarantees: the device name the disk was attached with, which
 	// csid sets to the disk id (default VirtioSerial). Tests with loop
-	// devices standing in for disks pass their own.
+	// devices standing in for disks pass LoopSerial.
 	Serial func(f *os.File) (string, error)
 	// DeviceWait bounds the wait for an attached disk's device to appear
 	// (default DefaultDeviceWait).
@@ -272,27 +272,35 @@ func (h *Host) waitLink(ctx context.Context, id string) (string, error) {
 // entry itself when it is no link. The directory is opened without
 // following a symbolic link, and only the entry's own link is read: a
 // target that is a link again is refused when it is opened. A missing
-// entry is unix.ENOENT.
+// entry (or directory) is unix.ENOENT.
 func (h *Host) readLink(id string) (string, error) {
-	dir, err := unix.Openat2(unix.AT_FDCWD, h.byID, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if errors.Is(err, unix.ENOENT) {
-		return "", err // udev has not made the directory yet (no disk by id so far)
-	}
+	dir, err := h.openByID(unix.O_PATH)
 	if err != nil {
-		return "", fmt.Errorf("open %s (following no link): %w", h.byID, err)
+		return "", err
 	}
-	defer unix.Close(dir)
+	defer dir.Close()
 	return readLinkAt(dir, h.byID, linkPrefix+id)
 }
 
-// readLinkAt is readLink's read of entry name in the directory dirfd,
+// openByID opens the by-id directory (with extra flags), following no
+// symbolic link. A directory udev has not made yet (no disk by id so far)
+// is unix.ENOENT.
+func (h *Host) openByID(flags int) (*os.File, error) {
+	fd, err := unix.Openat2(unix.AT_FDCWD, h.byID, &unix.OpenHow{
+		Flags:   uint64(unix.O_DIRECTORY | unix.O_CLOEXEC | flags),
+		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s (following no link): %w", h.byID, err)
+	}
+	return os.NewFile(uintptr(fd), h.byID), nil
+}
+
+// readLinkAt is readLink's read of entry name in the open directory dir,
 // which is dirPath.
-func readLinkAt(dirfd int, dirPath, name string) (string, error) {
+func readLinkAt(dir *os.File, dirPath, name string) (string, error) {
 	buf := make([]byte, unix.PathMax)
-	n, err := unix.Readlinkat(dirfd, name, buf)
+	n, err := unix.Readlinkat(int(dir.Fd()), name, buf)
 	switch {
 	case errors.Is(err, unix.EINVAL): // not a link: the entry itself is the candidate
 		return filepath.Join(dirPath, name), nil
@@ -309,18 +317,31 @@ func readLinkAt(dirfd int, dirPath, name string) (string, error) {
 // Devices lists the by-id entries of this instance that prove to be disks
 // (each opened, its serial read and compared with the id its name
 // carries), keyed by disk id. The cloud is not asked: these are the disks
-// attached here as the kernel sees them.
+// attached here as the kernel sees them. The directory is opened once,
+// following no link, and each entry's link read in it.
 func (h *Host) Devices(ctx context.Context) (map[string]string, error) {
-	entries, err := h.entries()
+	out := map[string]string{}
+	dir, err := h.openByID(unix.O_RDONLY)
+	if errors.Is(err, unix.ENOENT) {
+		return out, nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]string{}
-	for _, id := range entries {
+	defer dir.Close()
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range names {
+		id, ok := strings.CutPrefix(name, linkPrefix)
+		if !ok || !idPattern.MatchString(id) {
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		path, err := h.readLink(id)
+		path, err := readLinkAt(dir, h.byID, name)
 		if errors.Is(err, unix.ENOENT) {
 			continue // detached meanwhile
 		}
@@ -340,33 +361,6 @@ func (h *Host) Devices(ctx context.Context) (map[string]string, error) {
 	return out, nil
 }
 
-// entries lists the disk ids of the by-id directory's virtio entries.
-func (h *Host) entries() ([]string, error) {
-	dir, err := unix.Openat2(unix.AT_FDCWD, h.byID, &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if errors.Is(err, unix.ENOENT) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s (following no link): %w", h.byID, err)
-	}
-	f := os.NewFile(uintptr(dir), h.byID)
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, name := range names {
-		if id, ok := strings.CutPrefix(name, linkPrefix); ok && idPattern.MatchString(id) {
-			ids = append(ids, id)
-		}
-	}
-	return ids, nil
-}
-
 // VirtioSerial is the serial of the open virtio block device f, as the
 // kernel reports it for the descriptor's device number
 // (/sys/dev/block/MAJ:MIN/serial). A device without one (a partition, a
@@ -377,6 +371,23 @@ func VirtioSerial(f *os.File) (string, error) {
 		return "", err
 	}
 	return sysfsAttr(number, "serial")
+}
+
+// LoopSerial is the serial of an open loop device standing in for a disk
+// (a test's node simulator, such as the fake API's LoopNode): the base
+// name of its backing file, which the simulator names after the disk id,
+// read for the descriptor's device number as VirtioSerial reads a virtio
+// disk's. It proves nothing on a real instance.
+func LoopSerial(f *os.File) (string, error) {
+	number, err := deviceNumber(f)
+	if err != nil {
+		return "", err
+	}
+	backing, err := sysfsAttr(number, "loop/backing_file")
+	if err != nil {
+		return "", err
+	}
+	return filepath.Base(strings.TrimSuffix(backing, " (deleted)")), nil
 }
 
 // sysfsAttr reads attribute name of the block device number from sysfs.

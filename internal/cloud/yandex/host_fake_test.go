@@ -29,24 +29,9 @@ func TestHostOnTheFakeAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { node.Close() })
-	c, err := New(ctx, Options{Endpoint: f.Endpoint(), Insecure: true, FolderID: f.FolderID(), KeyFile: keyFile,
-		Zones: []string{"ru-central1-a"}, Driver: "csid.dev", PollInterval: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	h := NewHost(HostOptions{InstanceID: testInstance, Cloud: c, ByIDDir: node.ByIDDir(), Serial: loopSerial, DeviceWait: time.Minute})
-	wait := func(op cloud.Operation, err error) cloud.Disk {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := c.WaitOperation(ctx, op.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	c := Open(t, FakeOptions(f, keyFile))
+	h := NewHost(HostOptions{InstanceID: testInstance, Cloud: c, ByIDDir: node.ByIDDir(), Serial: LoopSerial, DeviceWait: time.Minute})
+	wait := Waiter(t, c)
 
 	a := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "a", SizeBytes: 1 << 30, Tags: map[string]string{"csid.dev/volume-id": "vol-a"}}))
 	b := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "b", SizeBytes: 1 << 30}))

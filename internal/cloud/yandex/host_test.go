@@ -21,21 +21,8 @@ import (
 // The host's tests stand loop devices in for attached disks, as the fake
 // API's node simulator does: the image of disk X is a file named X, and
 // the serial of a loop device is the base name of its backing file
-// (loopSerial), read for the descriptor's device number as VirtioSerial
+// (LoopSerial), read for the descriptor's device number as VirtioSerial
 // reads a virtio disk's.
-
-// loopSerial is the serial of a loop device standing in for a disk.
-func loopSerial(f *os.File) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return "", err
-	}
-	backing, err := sysfsAttr(uint64(st.Rdev), "loop/backing_file")
-	if err != nil {
-		return "", err
-	}
-	return filepath.Base(strings.TrimSuffix(backing, " (deleted)")), nil
-}
 
 // attachedDisks is the cloud as the host asks it: which disks are attached
 // where. Only GetDisk is called.
@@ -80,7 +67,7 @@ func newNode(t *testing.T) *node {
 }
 
 func (n *node) host(wait time.Duration) *Host {
-	return NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: n.byID, Serial: loopSerial, DeviceWait: wait}).(*Host)
+	return NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: n.byID, Serial: LoopSerial, DeviceWait: wait}).(*Host)
 }
 
 // disk makes disk id attached to the instance, its image bound to a loop
@@ -218,7 +205,7 @@ func TestOpenDeviceRefusesWhatIsNotTheDisk(t *testing.T) {
 	if err := os.Symlink(n.byID, linkedDir); err != nil {
 		t.Fatal(err)
 	}
-	viaLink := NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: linkedDir, Serial: loopSerial, DeviceWait: time.Minute})
+	viaLink := NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: linkedDir, Serial: LoopSerial, DeviceWait: time.Minute})
 	if dev, err := n.open(ctx, viaLink, diskA, cloud.OpenOptions{}); err == nil || !errors.Is(err, unix.ELOOP) {
 		t.Fatalf("a by-id directory that is a link: %+v, %v", dev, err)
 	}
@@ -346,6 +333,11 @@ func TestDevicesListsProvenDisksOnly(t *testing.T) {
 	if len(got) != 1 || got[diskA] != devA {
 		t.Fatalf("devices %v, want only %s: %s", got, diskA, devA)
 	}
+	// No by-id directory yet (udev makes it with the first disk): none.
+	none := NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: filepath.Join(n.dir, "no-by-id"), Serial: LoopSerial})
+	if got, err := none.Devices(context.Background()); err != nil || got == nil || len(got) != 0 {
+		t.Fatalf("devices without a by-id directory: %v, %v; want none", got, err)
+	}
 }
 
 // A stale link (to another disk's device) that udev replaces while the
@@ -358,7 +350,7 @@ func TestOpenDeviceLooksAgainAfterAStaleLink(t *testing.T) {
 	replaced := false
 	h := NewHost(HostOptions{InstanceID: testInstance, Cloud: n.cloud, ByIDDir: n.byID, DeviceWait: time.Minute,
 		Serial: func(f *os.File) (string, error) {
-			serial, err := loopSerial(f)
+			serial, err := LoopSerial(f)
 			if serial == diskB && !replaced { // udev, late: the link is replaced as the host reads B's serial
 				replaced = true
 				if err := os.Remove(filepath.Join(n.byID, "virtio-"+diskA)); err != nil {

@@ -46,10 +46,11 @@ var (
 
 // tagsToLabels maps tags (and the owner) to the labels of a disk.
 func tagsToLabels(tags map[string]string, owner string) (map[string]string, error) {
-	labels := map[string]string{ownerLabel: encodeValue(owner)[0]}
-	if len(encodeValue(owner)) > 1 {
+	ownerValue := encodeValue(owner)
+	if len(ownerValue) > 1 {
 		return nil, fmt.Errorf("driver name %q is too long for a label: %w", owner, cloud.ErrInvalid)
 	}
+	labels := map[string]string{ownerLabel: ownerValue[0]}
 	for k, v := range tags {
 		if k == "" || len(k) > maxTagKey || !plainKey.MatchString(k) {
 			return nil, fmt.Errorf("tag key %q is not a Yandex label key (lowercase [a-z][-_./0-9a-z]*, at most %d characters): %w",

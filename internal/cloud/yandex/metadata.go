@@ -66,12 +66,8 @@ func (m *Metadata) value(ctx context.Context, key string) (string, error) {
 	pause := m.pause
 	for attempt := range m.attempts {
 		if attempt > 0 {
-			t := time.NewTimer(pause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return "", fmt.Errorf("metadata %s: %w (last: %v)", key, ctx.Err(), last)
-			case <-t.C:
+			if err := sleepCtx(ctx, pause); err != nil {
+				return "", fmt.Errorf("metadata %s: %w (last: %v)", key, err, last)
 			}
 			pause *= 2
 		}
@@ -97,23 +93,35 @@ var errMetadataStatus = errors.New("unexpected status")
 
 // get makes one request; retry says whether another may succeed.
 func (m *Metadata) get(ctx context.Context, url string) (body string, retry bool, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return "", false, err
-	}
-	req.Header.Set("Metadata-Flavor", "Google")
-	resp, err := m.client.Do(req)
-	if err != nil {
+	b, code, err := metadataGet(ctx, m.client, url, metadataMaxBody)
+	switch {
+	case errors.Is(err, errMetadataStatus):
+		retry := code >= 500 || code == http.StatusTooManyRequests
+		return "", retry, fmt.Errorf("%s: %w", url, err)
+	case err != nil:
 		return "", ctx.Err() == nil, err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, metadataMaxBody))
-	if err != nil {
-		return "", true, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		retry := resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests
-		return "", retry, fmt.Errorf("%s: %s: %w", url, resp.Status, errMetadataStatus)
-	}
 	return string(b), false, nil
+}
+
+// metadataGet makes one request of the metadata service, with the header
+// it requires, and returns the body of an answer with status 200 (at
+// most max bytes). Another status is errMetadataStatus, with the code;
+// its body is not read (it might hold a token).
+func metadataGet(ctx context.Context, client *http.Client, url string, max int64) (body []byte, code int, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header.Set("Metadata-Flavor", "Google")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, resp.StatusCode, fmt.Errorf("%s: %w", resp.Status, errMetadataStatus)
+	}
+	body, err = io.ReadAll(io.LimitReader(resp.Body, max))
+	return body, resp.StatusCode, err
 }

@@ -126,3 +126,19 @@ func TestMetadataOfTheFake(t *testing.T) {
 		t.Fatalf("zone %q, %v", zone, err)
 	}
 }
+
+// The instance's service-account token comes from the same service; a
+// refusal says what may be missing and never quotes the answer's body
+// (it might hold a token).
+func TestInstanceTokenRefused(t *testing.T) {
+	srv, calls := metadataStub(t, 1, http.StatusUnauthorized)
+	creds, err := credentials("", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := creds.(*instanceServiceAccount).IAMToken(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "service account") ||
+		strings.Contains(err.Error(), "not now") || calls.Load() != 1 {
+		t.Fatalf("a refused token: %v, %v after %d requests; want an error naming the status, not the body", tok, err, calls.Load())
+	}
+}

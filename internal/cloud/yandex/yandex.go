@@ -89,10 +89,9 @@ type Options struct {
 
 // Cloud is the cloud.Cloud of Yandex Compute.
 type Cloud struct {
-	opts     Options
-	sdk      *ycsdk.SDK
-	zones    []string
-	maxDisks int
+	opts  Options
+	sdk   *ycsdk.SDK
+	zones []string
 }
 
 var _ cloud.Cloud = (*Cloud)(nil)
@@ -116,6 +115,9 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 	if o.PollInterval <= 0 {
 		o.PollInterval = 250 * time.Millisecond
 	}
+	if o.MaxDisks <= 0 {
+		o.MaxDisks = DefaultMaxDisks
+	}
 	creds, err := credentials(o.KeyFile, o.MetadataURL)
 	if err != nil {
 		return nil, err
@@ -132,10 +134,7 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 	if k, ok := creds.(*serviceAccountKey); ok {
 		k.iam = sdk
 	}
-	c := &Cloud{opts: o, sdk: sdk, zones: slices.Clone(o.Zones), maxDisks: o.MaxDisks}
-	if c.maxDisks <= 0 {
-		c.maxDisks = DefaultMaxDisks
-	}
+	c := &Cloud{opts: o, sdk: sdk, zones: slices.Clone(o.Zones)}
 	if err := c.start(ctx); err != nil {
 		_ = sdk.Shutdown(context.Background())
 		return nil, err
@@ -227,7 +226,7 @@ func (c *Cloud) GetNode(ctx context.Context, nodeID string) (cloud.Node, error) 
 	if err != nil {
 		return cloud.Node{}, err
 	}
-	return cloud.Node{ID: inst.GetId(), Zone: inst.GetZoneId(), MaxAttachments: c.maxDisks}, nil
+	return cloud.Node{ID: inst.GetId(), Zone: inst.GetZoneId(), MaxAttachments: c.opts.MaxDisks}, nil
 }
 
 func (c *Cloud) instance(ctx context.Context, id string) (*computepb.Instance, error) {

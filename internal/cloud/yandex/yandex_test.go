@@ -25,33 +25,15 @@ func startFake(t *testing.T, opts yandexfake.Options) (*yandexfake.Fake, string)
 	return yandex.StartFake(t, opts)
 }
 
-// options are the backend's options on fake f: quick polls and backoffs, a
-// rate limit that does not slow the suite.
-func options(f *yandexfake.Fake, keyFile string) yandex.Options {
-	return yandex.Options{Endpoint: f.Endpoint(), Insecure: true, FolderID: f.FolderID(), KeyFile: keyFile,
-		Zones: zones, Driver: "csid.dev", RateLimit: 1000, Burst: 1000, PollInterval: time.Millisecond,
-		Backoff: time.Millisecond}
-}
-
-func open(t *testing.T, o yandex.Options) *yandex.Cloud {
-	t.Helper()
-	c, err := yandex.New(context.Background(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func provider(setup func(f *yandexfake.Fake)) func(t *testing.T) cloudtest.Provider {
 	return func(t *testing.T) cloudtest.Provider {
 		f, key := startFake(t, yandexfake.Options{})
 		if setup != nil {
 			setup(f)
 		}
-		o := options(f, key)
+		o := yandex.FakeOptions(f, key)
 		return cloudtest.Provider{
-			Cloud: open(t, o),
+			Cloud: yandex.Open(t, o),
 			AddNode: func(t *testing.T, n cloud.Node) {
 				zone := n.Zone
 				if zone == "" {
@@ -61,7 +43,7 @@ func provider(setup func(f *yandexfake.Fake)) func(t *testing.T) cloudtest.Provi
 					t.Fatal(err)
 				}
 			},
-			Reopen:         func(t *testing.T) cloud.Cloud { return open(t, o) },
+			Reopen:         func(t *testing.T) cloud.Cloud { return yandex.Open(t, o) },
 			MaxAttachments: yandex.DefaultMaxDisks,
 		}
 	}
@@ -99,7 +81,7 @@ func TestContractWithFaults(t *testing.T) {
 // ErrInvalid; the type is reported with the disk.
 func TestCreateDiskTypeIsPartOfTheName(t *testing.T) {
 	f, key := startFake(t, yandexfake.Options{})
-	c := open(t, options(f, key))
+	c := yandex.Open(t, yandex.FakeOptions(f, key))
 	ctx := context.Background()
 	wait := func(op cloud.Operation, err error) (cloud.Disk, error) {
 		if err != nil {
@@ -132,10 +114,10 @@ func TestCreateDiskTypeIsPartOfTheName(t *testing.T) {
 // this one's: not listed, not found, not deleted.
 func TestOnlyItsOwnDisks(t *testing.T) {
 	f, key := startFake(t, yandexfake.Options{})
-	mine := open(t, options(f, key))
-	o := options(f, key)
+	mine := yandex.Open(t, yandex.FakeOptions(f, key))
+	o := yandex.FakeOptions(f, key)
 	o.Driver = "other.csid.dev"
-	theirs := open(t, o)
+	theirs := yandex.Open(t, o)
 	ctx := context.Background()
 	op, err := theirs.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-theirs", SizeBytes: 1 << 30})
 	if err != nil {
@@ -168,7 +150,7 @@ func TestOnlyItsOwnDisks(t *testing.T) {
 func TestTokensRenewBeforeTheyExpire(t *testing.T) {
 	f, key := startFake(t, yandexfake.Options{})
 	f.SetTokenTTL(300 * time.Millisecond)
-	c := open(t, options(f, key))
+	c := yandex.Open(t, yandex.FakeOptions(f, key))
 	ctx := context.Background()
 	if err := f.AddInstance("node-a", zones[0], 0); err != nil {
 		t.Fatal(err)
@@ -192,9 +174,9 @@ func TestTokensRenewBeforeTheyExpire(t *testing.T) {
 func TestInstanceServiceAccount(t *testing.T) {
 	f, _ := startFake(t, yandexfake.Options{})
 	md := f.MetadataServer("fhmnode0000000000001", zones[0], f.FolderID())
-	o := options(f, "")
+	o := yandex.FakeOptions(f, "")
 	o.MetadataURL = md.URL
-	c := open(t, o)
+	c := yandex.Open(t, o)
 	if _, err := c.ListDisks(context.Background(), cloud.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
