@@ -243,6 +243,8 @@ func TestDeleteAttached(t *testing.T) {
 func TestDiskOperations(t *testing.T) {
 	c := start(t, yandexfake.Options{})
 	d := c.createDisk(t, &compute.CreateDiskRequest{})
+	// Another disk's operation, between d's two, is not d's.
+	c.createDisk(t, &compute.CreateDiskRequest{})
 	op, err := c.disks.Update(c.ctx, &compute.UpdateDiskRequest{DiskId: d.Id, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"size"}}, Size: 2 << 30})
 	if err != nil {
 		t.Fatal(err)
