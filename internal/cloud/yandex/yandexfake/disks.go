@@ -491,14 +491,15 @@ func (s diskService) ListOperations(_ context.Context, req *compute.ListDiskOper
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, err := f.disk(req.GetDiskId()); err != nil {
+	d, err := f.disk(req.GetDiskId())
+	if err != nil {
 		return nil, err
 	}
 	ids := slices.Sorted(maps.Keys(f.ops))
 	resp := &compute.ListDiskOperationsResponse{}
 	for _, id := range ids {
 		op := f.ops[id]
-		if op.diskID != req.GetDiskId() || id <= after {
+		if op.disk != d || id <= after {
 			continue
 		}
 		if len(resp.Operations) == size {
