@@ -221,7 +221,7 @@ func (s instanceService) DetachDisk(ctx context.Context, req *compute.DetachInst
 			d.pb.InstanceIds = nil
 			var eff []effect
 			if n := f.nodes[in.id]; n != nil {
-				eff = append(eff, func(ctx context.Context) error { return n.detach(ctx, att.DiskId, att.DeviceName) })
+				eff = append(eff, func(ctx context.Context) error { return n.detach(ctx, att.DiskId) })
 			}
 			return f.instancePB(in), eff
 		},
