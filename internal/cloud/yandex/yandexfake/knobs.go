@@ -333,7 +333,7 @@ func (f *Fake) intercept(ctx context.Context, req any, info *grpc.UnaryServerInf
 		}
 	}
 	f.settle()
-	if needsToken(method) {
+	if isAPI(method) {
 		if err := f.authenticate(ctx); err != nil {
 			return nil, err
 		}
@@ -349,14 +349,6 @@ func (f *Fake) intercept(ctx context.Context, req any, info *grpc.UnaryServerInf
 		return nil, err
 	}
 	return resp, nil
-}
-
-func needsToken(method string) bool {
-	switch method {
-	case MethodEndpointList, MethodEndpointGet, MethodIAMTokenCreate:
-		return false
-	}
-	return true
 }
 
 // record logs the call (Calls, Seen) and returns its latency.
