@@ -208,8 +208,8 @@ func (s instanceService) DetachDisk(ctx context.Context, req *compute.DetachInst
 	}
 	att := in.disks[i]
 	d := f.disks[att.DiskId]
-	if d.busy != nil {
-		return nil, mutable(d)
+	if err := mutable(d); err != nil {
+		return nil, err
 	}
 	return f.startOp(ctx, opSpec{
 		method:      MethodInstanceDetach,
