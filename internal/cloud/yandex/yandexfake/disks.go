@@ -2,7 +2,6 @@ package yandexfake
 
 import (
 	"context"
-	"encoding/base64"
 	"maps"
 	"regexp"
 	"slices"
@@ -83,11 +82,7 @@ func (s diskService) List(_ context.Context, req *compute.ListDisksRequest) (*co
 	if err := f.checkFolder(req.GetFolderId()); err != nil {
 		return nil, err
 	}
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodePageToken(req.GetPageToken())
+	page, err := parsePage(req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
@@ -100,48 +95,12 @@ func (s diskService) List(_ context.Context, req *compute.ListDisksRequest) (*co
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ids := slices.Sorted(maps.Keys(f.disks))
 	resp := &compute.ListDisksResponse{}
-	for _, id := range ids {
-		if id <= after {
-			continue
-		}
+	resp.Disks, resp.NextPageToken = takePage(page, slices.Sorted(maps.Keys(f.disks)), func(id string) (*compute.Disk, bool) {
 		d := f.disks[id].pb
-		if !match(d) {
-			continue
-		}
-		if len(resp.Disks) == size {
-			resp.NextPageToken = encodePageToken(resp.Disks[size-1].Id)
-			break
-		}
-		resp.Disks = append(resp.Disks, proto.Clone(d).(*compute.Disk))
-	}
+		return d, match(d)
+	})
 	return resp, nil
-}
-
-func pageSize(n int64) (int, error) {
-	switch {
-	case n < 0 || n > maxPageSize:
-		return 0, status.Errorf(codes.InvalidArgument, "page_size %d: the value must be between 0 and %d", n, maxPageSize)
-	case n == 0:
-		return defaultPageSize, nil
-	}
-	return int(n), nil
-}
-
-func encodePageToken(lastID string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("after:" + lastID))
-}
-
-func decodePageToken(tok string) (string, error) {
-	if tok == "" {
-		return "", nil
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil || len(raw) < len("after:") || string(raw[:len("after:")]) != "after:" {
-		return "", status.Errorf(codes.InvalidArgument, "page_token %q is malformed", tok)
-	}
-	return string(raw[len("after:"):]), nil
 }
 
 func (f *Fake) checkFolder(id string) error {
@@ -481,31 +440,20 @@ func (s diskService) ListOperations(_ context.Context, req *compute.ListDiskOper
 	if err := checkID("disk_id", req.GetDiskId()); err != nil {
 		return nil, err
 	}
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodePageToken(req.GetPageToken())
+	page, err := parsePage(req.GetPageSize(), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, err := f.disk(req.GetDiskId()); err != nil {
+	d, err := f.disk(req.GetDiskId())
+	if err != nil {
 		return nil, err
 	}
-	ids := slices.Sorted(maps.Keys(f.ops))
 	resp := &compute.ListDiskOperationsResponse{}
-	for _, id := range ids {
+	resp.Operations, resp.NextPageToken = takePage(page, slices.Sorted(maps.Keys(f.ops)), func(id string) (*operation.Operation, bool) {
 		op := f.ops[id]
-		if op.diskID != req.GetDiskId() || id <= after {
-			continue
-		}
-		if len(resp.Operations) == size {
-			resp.NextPageToken = encodePageToken(resp.Operations[size-1].Id)
-			break
-		}
-		resp.Operations = append(resp.Operations, proto.Clone(op.pb).(*operation.Operation))
-	}
+		return op.pb, op.disk == d
+	})
 	return resp, nil
 }

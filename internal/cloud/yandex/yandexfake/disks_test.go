@@ -243,6 +243,8 @@ func TestDeleteAttached(t *testing.T) {
 func TestDiskOperations(t *testing.T) {
 	c := start(t, yandexfake.Options{})
 	d := c.createDisk(t, &compute.CreateDiskRequest{})
+	// Another disk's operation, between d's two, is not d's.
+	c.createDisk(t, &compute.CreateDiskRequest{})
 	op, err := c.disks.Update(c.ctx, &compute.UpdateDiskRequest{DiskId: d.Id, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"size"}}, Size: 2 << 30})
 	if err != nil {
 		t.Fatal(err)
@@ -254,5 +256,23 @@ func TestDiskOperations(t *testing.T) {
 	}
 	if len(resp.Operations) != 2 || resp.Operations[0].Description != "Create disk" || resp.Operations[1].Id != op.Id {
 		t.Fatalf("operations of the disk: %v", resp.Operations)
+	}
+	// The same, a page of one at a time.
+	var ids []string
+	for tok := ""; ; {
+		page, err := c.disks.ListOperations(c.ctx, &compute.ListDiskOperationsRequest{DiskId: d.Id, PageSize: 1, PageToken: tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Operations) != 1 {
+			t.Fatalf("a page of %d operations, asked for 1", len(page.Operations))
+		}
+		ids = append(ids, page.Operations[0].Id)
+		if tok = page.NextPageToken; tok == "" {
+			break
+		}
+	}
+	if len(ids) != 2 || ids[0] != resp.Operations[0].Id || ids[1] != op.Id {
+		t.Fatalf("operations of the disk page by page: %v", ids)
 	}
 }

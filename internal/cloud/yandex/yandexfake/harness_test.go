@@ -40,9 +40,9 @@ type client struct {
 	iam   iam.IamTokenServiceClient
 }
 
-// start starts a fake and connects to it with a token from a key it
-// issued.
-func start(t *testing.T, opts yandexfake.Options) *client {
+// startFake starts a fake that the test's end closes, and returns it with
+// the test's context (a minute).
+func startFake(t *testing.T, opts yandexfake.Options) (*yandexfake.Fake, context.Context) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
@@ -51,6 +51,14 @@ func start(t *testing.T, opts yandexfake.Options) *client {
 		t.Fatal(err)
 	}
 	t.Cleanup(f.Close)
+	return f, ctx
+}
+
+// start starts a fake and connects to it with a token from a key it
+// issued.
+func start(t *testing.T, opts yandexfake.Options) *client {
+	t.Helper()
+	f, ctx := startFake(t, opts)
 	conn, err := grpc.NewClient(f.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -208,8 +208,8 @@ func (s instanceService) DetachDisk(ctx context.Context, req *compute.DetachInst
 	}
 	att := in.disks[i]
 	d := f.disks[att.DiskId]
-	if d.busy != nil {
-		return nil, mutable(d)
+	if err := mutable(d); err != nil {
+		return nil, err
 	}
 	return f.startOp(ctx, opSpec{
 		method:      MethodInstanceDetach,
@@ -221,7 +221,7 @@ func (s instanceService) DetachDisk(ctx context.Context, req *compute.DetachInst
 			d.pb.InstanceIds = nil
 			var eff []effect
 			if n := f.nodes[in.id]; n != nil {
-				eff = append(eff, func(ctx context.Context) error { return n.detach(ctx, att.DiskId, att.DeviceName) })
+				eff = append(eff, func(ctx context.Context) error { return n.detach(ctx, att.DiskId) })
 			}
 			return f.instancePB(in), eff
 		},

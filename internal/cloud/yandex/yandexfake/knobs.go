@@ -80,9 +80,37 @@ type throttle struct {
 	left  int
 }
 
+// failure is a fault armed for the next n calls (or operations) of a
+// method.
 type failure struct {
 	code codes.Code
 	n    int
+}
+
+// faults are the failures armed, by method. Callers hold knobs.mu.
+type faults map[string]*failure
+
+// set arms a failure with code for the next n calls of method; n <= 0
+// clears it.
+func (m faults) set(method string, code codes.Code, n int) {
+	if n <= 0 {
+		delete(m, method)
+		return
+	}
+	m[method] = &failure{code: code, n: n}
+}
+
+// take consumes one call of the failure armed for method; nil when none is.
+func (m faults) take(method string) *failure {
+	fl := m[method]
+	if fl == nil {
+		return nil
+	}
+	fl.n--
+	if fl.n <= 0 {
+		delete(m, method)
+	}
+	return fl
 }
 
 // knobs are the fault and pacing settings; guarded by their own mutex so
@@ -90,11 +118,10 @@ type failure struct {
 type knobs struct {
 	mu        sync.Mutex
 	latency   map[string]time.Duration
-	fails     map[string]*failure
-	drops     map[string]*failure
-	opFails   map[string]*failure
+	fails     faults
+	drops     faults
+	opFails   faults
 	throttles []*throttle
-	calls     map[string][]time.Time
 	seen      []Request
 	opDelay   time.Duration
 	holdAll   bool
@@ -104,10 +131,9 @@ type knobs struct {
 func newKnobs(opDelay time.Duration) knobs {
 	return knobs{
 		latency: map[string]time.Duration{},
-		fails:   map[string]*failure{},
-		drops:   map[string]*failure{},
-		opFails: map[string]*failure{},
-		calls:   map[string][]time.Time{},
+		fails:   faults{},
+		drops:   faults{},
+		opFails: faults{},
 		held:    map[string]bool{},
 		opDelay: opDelay,
 	}
@@ -130,11 +156,7 @@ func (f *Fake) SetLatency(method string, d time.Duration) {
 func (f *Fake) FailCalls(method string, code codes.Code, n int) {
 	f.knobs.mu.Lock()
 	defer f.knobs.mu.Unlock()
-	if n <= 0 {
-		delete(f.knobs.fails, method)
-		return
-	}
-	f.knobs.fails[method] = &failure{code: code, n: n}
+	f.knobs.fails.set(method, code, n)
 }
 
 // DropReplies makes the next n calls of method do their work and then
@@ -144,27 +166,18 @@ func (f *Fake) FailCalls(method string, code codes.Code, n int) {
 func (f *Fake) DropReplies(method string, n int) {
 	f.knobs.mu.Lock()
 	defer f.knobs.mu.Unlock()
-	if n <= 0 {
-		delete(f.knobs.drops, method)
-		return
-	}
-	f.knobs.drops[method] = &failure{code: codes.Unavailable, n: n}
+	f.knobs.drops.set(method, codes.Unavailable, n)
 }
 
-// dropReply consumes one DropReplies of method; it reports whether the
-// reply is lost.
-func (f *Fake) dropReply(method string) bool {
+// lostReply consumes one DropReplies of method: the error the client gets
+// instead of the reply, nil when the reply is not lost.
+func (f *Fake) lostReply(method string) error {
 	f.knobs.mu.Lock()
 	defer f.knobs.mu.Unlock()
-	d := f.knobs.drops[method]
-	if d == nil {
-		return false
+	if fl := f.knobs.drops.take(method); fl != nil {
+		return status.Errorf(fl.code, "injected: the reply of %s was lost", method)
 	}
-	d.n--
-	if d.n <= 0 {
-		delete(f.knobs.drops, method)
-	}
-	return true
+	return nil
 }
 
 // FailOperations makes the operations of the next n calls of method (a
@@ -173,11 +186,7 @@ func (f *Fake) dropReply(method string) bool {
 func (f *Fake) FailOperations(method string, code codes.Code, n int) {
 	f.knobs.mu.Lock()
 	defer f.knobs.mu.Unlock()
-	if n <= 0 {
-		delete(f.knobs.opFails, method)
-		return
-	}
-	f.knobs.opFails[method] = &failure{code: code, n: n}
+	f.knobs.opFails.set(method, code, n)
 }
 
 // Throttle answers calls with t.Code (default ResourceExhausted) as t says.
@@ -208,12 +217,11 @@ func (f *Fake) Unthrottle() {
 func (f *Fake) Calls(method string) []time.Time {
 	f.knobs.mu.Lock()
 	defer f.knobs.mu.Unlock()
-	if method != "" {
-		return append([]time.Time(nil), f.knobs.calls[method]...)
-	}
 	var out []time.Time
 	for _, r := range f.knobs.seen {
-		out = append(out, r.At)
+		if method == "" || r.Method == method {
+			out = append(out, r.At)
+		}
 	}
 	return out
 }
@@ -300,15 +308,10 @@ func (f *Fake) opDelay() time.Duration {
 func (f *Fake) takeOpFailure(method string) *status.Status {
 	f.knobs.mu.Lock()
 	defer f.knobs.mu.Unlock()
-	fl := f.knobs.opFails[method]
-	if fl == nil {
-		return nil
+	if fl := f.knobs.opFails.take(method); fl != nil {
+		return status.Newf(fl.code, "injected operation failure of %s", method)
 	}
-	fl.n--
-	if fl.n <= 0 {
-		delete(f.knobs.opFails, method)
-	}
-	return status.Newf(fl.code, "injected operation failure of %s", method)
+	return nil
 }
 
 // intercept runs before every call: it records the call, settles the
@@ -330,7 +333,7 @@ func (f *Fake) intercept(ctx context.Context, req any, info *grpc.UnaryServerInf
 		}
 	}
 	f.settle()
-	if needsToken(method) {
+	if isAPI(method) {
 		if err := f.authenticate(ctx); err != nil {
 			return nil, err
 		}
@@ -339,18 +342,13 @@ func (f *Fake) intercept(ctx context.Context, req any, info *grpc.UnaryServerInf
 		return nil, err
 	}
 	resp, err := handler(ctx, req)
-	if err == nil && f.dropReply(method) {
-		return nil, status.Errorf(codes.Unavailable, "injected: the reply of %s was lost", method)
+	if err != nil {
+		return nil, err
 	}
-	return resp, err
-}
-
-func needsToken(method string) bool {
-	switch method {
-	case MethodEndpointList, MethodEndpointGet, MethodIAMTokenCreate:
-		return false
+	if err := f.lostReply(method); err != nil {
+		return nil, err
 	}
-	return true
+	return resp, nil
 }
 
 // record logs the call (Calls, Seen) and returns its latency.
@@ -363,7 +361,6 @@ func (f *Fake) record(ctx context.Context, method string, req any) time.Duration
 	now := time.Now()
 	f.knobs.mu.Lock()
 	defer f.knobs.mu.Unlock()
-	f.knobs.calls[method] = append(f.knobs.calls[method], now)
 	f.knobs.seen = append(f.knobs.seen, Request{Method: method, At: now, Metadata: md.Copy(), Body: body})
 	return f.knobs.latency[method]
 }
@@ -373,11 +370,7 @@ func (f *Fake) record(ctx context.Context, method string, req any) time.Duration
 func (f *Fake) fault(method string) error {
 	f.knobs.mu.Lock()
 	defer f.knobs.mu.Unlock()
-	if fl := f.knobs.fails[method]; fl != nil {
-		fl.n--
-		if fl.n <= 0 {
-			delete(f.knobs.fails, method)
-		}
+	if fl := f.knobs.fails.take(method); fl != nil {
 		return status.Errorf(fl.code, "injected failure of %s", method)
 	}
 	now := time.Now()

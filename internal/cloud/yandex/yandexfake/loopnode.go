@@ -26,8 +26,8 @@ const releaseTimeout = 5 * time.Second
 // its instance completes. Methods run outside f.mu.
 type nodeHook interface {
 	attach(ctx context.Context, diskID, deviceName string, size int64) error
-	detach(ctx context.Context, diskID, deviceName string) error
-	resize(ctx context.Context, diskID string) error
+	detach(ctx context.Context, diskID string) error
+	resize(diskID string) error
 	close() error
 }
 
@@ -183,7 +183,7 @@ func removeLink(path string) error {
 	return os.Remove(path)
 }
 
-func (n *LoopNode) detach(ctx context.Context, diskID, _ string) error {
+func (n *LoopNode) detach(ctx context.Context, diskID string) error {
 	n.mu.Lock()
 	b, ok := n.devices[diskID]
 	delete(n.devices, diskID)
@@ -228,7 +228,7 @@ func clearFD(path string) error {
 }
 
 // resize makes the loop device of a disk take its grown image's size.
-func (n *LoopNode) resize(_ context.Context, diskID string) error {
+func (n *LoopNode) resize(diskID string) error {
 	n.mu.Lock()
 	b, ok := n.devices[diskID]
 	n.mu.Unlock()
@@ -268,7 +268,7 @@ func (n *LoopNode) close() error {
 	n.mu.Unlock()
 	var errs []error
 	for _, id := range ids {
-		errs = append(errs, n.detach(context.Background(), id, ""))
+		errs = append(errs, n.detach(context.Background(), id))
 	}
 	return errors.Join(errs...)
 }
@@ -306,7 +306,7 @@ func (f *Fake) imageDeleted(diskID string) []effect {
 // grows to size, and when the disk is attached to a simulated instance
 // its loop device takes the new size.
 func (f *Fake) imageGrown(diskID string, size int64, attachedTo string) []effect {
-	return []effect{func(ctx context.Context) error {
+	return []effect{func(context.Context) error {
 		f.mu.Lock()
 		path := f.images[diskID]
 		node := f.nodes[attachedTo]
@@ -319,8 +319,8 @@ func (f *Fake) imageGrown(diskID string, size int64, attachedTo string) []effect
 			return err
 		}
 		file.Close()
-		if node != nil && attachedTo != "" {
-			return node.resize(ctx, diskID)
+		if node != nil {
+			return node.resize(diskID)
 		}
 		return nil
 	}}

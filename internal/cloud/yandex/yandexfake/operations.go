@@ -22,7 +22,6 @@ type effect func(ctx context.Context) error
 type opState struct {
 	pb     *operation.Operation
 	method string
-	diskID string
 	due    time.Time
 	// fail, when set, is the status the operation completes with instead of
 	// applying.
@@ -32,7 +31,8 @@ type opState struct {
 	// operation fails instead. Both run under f.mu.
 	apply func() (proto.Message, []effect)
 	undo  func()
-	// disk is the disk the operation keeps busy until it is done.
+	// disk is the disk the operation keeps busy until it is done (and
+	// lists among the disk's operations); nil for none.
 	disk *diskState
 }
 
@@ -92,7 +92,6 @@ func (f *Fake) startOp(ctx context.Context, spec opSpec) (*operation.Operation, 
 		disk:   spec.disk,
 	}
 	if spec.disk != nil {
-		op.diskID = spec.disk.pb.Id
 		spec.disk.busy = op
 	}
 	f.ops[op.pb.Id] = op

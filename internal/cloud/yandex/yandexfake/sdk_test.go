@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
 	ycsdk "github.com/yandex-cloud/go-sdk"
@@ -19,13 +18,7 @@ import (
 // endpoint discovery, the key file's JWT exchanged for an IAM token, a
 // disk created and waited for with the SDK's operation helper.
 func TestSDK(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	f, err := yandexfake.Start(ctx, yandexfake.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f, ctx := startFake(t, yandexfake.Options{})
 	raw, err := f.NewServiceAccountKey()
 	if err != nil {
 		t.Fatal(err)
@@ -87,13 +80,7 @@ func TestSDK(t *testing.T) {
 // token from the fake metadata service (YC_METADATA_ADDR) and the API
 // accepts it.
 func TestSDKInstanceServiceAccount(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	f, err := yandexfake.Start(ctx, yandexfake.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f, ctx := startFake(t, yandexfake.Options{})
 	md := f.MetadataServer("vm-1", "ru-central1-a", f.FolderID())
 	t.Setenv(ycsdk.InstanceMetadataOverrideEnvVar, strings.TrimPrefix(md.URL, "http://"))
 	sdk, err := ycsdk.Build(ctx, ycsdk.Config{Credentials: ycsdk.InstanceServiceAccount(), Endpoint: f.Endpoint(), Plaintext: true})

@@ -68,7 +68,7 @@ func (s zoneService) List(_ context.Context, req *compute.ListZonesRequest) (*co
 		return nil, err
 	}
 	if req.GetPageToken() != "" {
-		return nil, status.Errorf(codes.InvalidArgument, "page_token %q is malformed", req.GetPageToken())
+		return nil, malformedPageToken(req.GetPageToken())
 	}
 	resp := &compute.ListZonesResponse{}
 	for _, z := range s.f.opts.Zones {
