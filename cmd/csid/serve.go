@@ -79,7 +79,7 @@ func (so *serveOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&so.o.NodeID, "node-id", "", "this node's id (default: the hostname; with --cloud yandex, the instance id from the metadata service)")
 	f.StringVar(&so.o.DriverName, "driver-name", driver.DefaultName, "CSI driver name")
 	f.IntVar(&so.o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit)")
-	f.StringVar(&so.o.Zone, "zone", "", "this node's zone (default: \"local\" for the local backend; with --cloud yandex, the instance's zone from the metadata service)")
+	f.StringVar(&so.o.Zone, "zone", "", "this node's zone on the local and fake backends (default \"local\", \"fake\"); not read with --cloud yandex, where it is the instance's zone as the Compute API reports it")
 	f.IntVar(&so.o.Workers, "workers", 64, "operations whose effects run at once")
 	f.BoolVar(&so.o.RebuildFromCloud, "rebuild-from-cloud", false, "start on a new (missing or empty) state file although the cloud has csid's disks: "+
 		"a controller rebuilds its records from the disks' tags, a node from this host's mounts (without it, such a start is refused)")
@@ -104,7 +104,7 @@ func yandexFlags(f *pflag.FlagSet, y *app.YandexOptions) {
 	f.StringVar(&y.FolderID, "yandex-folder-id", "", "the folder of csid's disks (required with --cloud yandex)")
 	f.StringVar(&y.KeyFile, "yandex-key-file", "", "service-account key file (JSON, as `yc iam key create` writes it); empty: the instance's service account, through the metadata service")
 	f.StringSliceVar(&y.Zones, "yandex-zones", nil, "zones of csid's disks, comma separated, the first the default (empty: the zones the API lists)")
-	f.StringVar(&y.MetadataURL, "yandex-metadata-url", yandex.DefaultMetadataURL, "the instance metadata service (node id, zone, the instance's service account)")
+	f.StringVar(&y.MetadataURL, "yandex-metadata-url", yandex.DefaultMetadataURL, "the instance metadata service (node id, the instance's service account)")
 	f.StringVar(&y.ByIDDir, "yandex-by-id-dir", yandex.DefaultByIDDir, "where the node finds attached disks' by-id links (virtio-<disk id>)")
 	f.IntVar(&y.MaxDisks, "yandex-max-disks", yandex.DefaultMaxDisks, "disks an instance holds (its max volumes)")
 	f.Float64Var(&y.RateLimit, "yandex-rate-limit", yandex.DefaultRateLimit, "calls per second to the Yandex API (every call, polls of operations included)")

@@ -50,7 +50,8 @@ type Options struct {
 	Version    string
 	// MaxVolumesPerNode is this node's attach limit (0: none).
 	MaxVolumesPerNode int
-	// Zone is the local backend's zone.
+	// Zone is this node's zone on the local and fake backends; on Yandex
+	// it is not read (the instance's zone is the Compute API's).
 	Zone string
 	// Workers bounds the effects running at once.
 	Workers int
