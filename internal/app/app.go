@@ -126,11 +126,11 @@ func StateFile(dir string, mode driver.Mode) string {
 
 // Run serves until ctx ends, then shuts down in order.
 func Run(ctx context.Context, o Options) error {
-	sock, perm, err := o.complete()
-	if err != nil {
+	if err := o.yandexNode(ctx); err != nil {
 		return err
 	}
-	if err := o.yandexNode(ctx); err != nil {
+	sock, perm, err := o.complete()
+	if err != nil {
 		return err
 	}
 	log := o.Log.With().Str("mode", string(o.Mode)).Str("node", o.NodeID).Logger()
@@ -217,7 +217,7 @@ func (o *Options) complete() (sock string, perm SocketPerm, err error) {
 	if o.DriverName == "" {
 		o.DriverName = driver.DefaultName
 	}
-	if o.NodeID == "" && (o.Cloud != "yandex" || o.Mode == driver.ModeController) {
+	if o.NodeID == "" { // a node on Yandex has its instance id by now (yandexNode)
 		h, err := os.Hostname()
 		if err != nil {
 			return "", perm, fmt.Errorf("no --node-id and no hostname: %w", err)

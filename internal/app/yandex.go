@@ -47,7 +47,8 @@ type YandexOptions struct {
 
 // yandexNode fills in o.NodeID from the instance metadata service where it
 // is not given, on the node side (a controller's node id names nothing in
-// the cloud). The zone is not looked up: on Yandex, NodeGetInfo reports
+// the cloud); Run calls it before complete, which names any other node
+// after the host. The zone is not looked up: on Yandex, NodeGetInfo reports
 // the instance's zone as the Compute API has it (cloud.GetNode), and
 // o.Zone is not read.
 func (o *Options) yandexNode(ctx context.Context) error {
