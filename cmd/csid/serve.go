@@ -103,7 +103,7 @@ func yandexFlags(f *pflag.FlagSet, y *app.YandexOptions) {
 	f.BoolVar(&y.Insecure, "yandex-insecure", false, "talk plaintext gRPC to --yandex-endpoint (a fake API in tests; never a real one)")
 	f.StringVar(&y.FolderID, "yandex-folder-id", "", "the folder of csid's disks (required with --cloud yandex)")
 	f.StringVar(&y.KeyFile, "yandex-key-file", "", "service-account key file (JSON, as `yc iam key create` writes it); empty: the instance's service account, through the metadata service")
-	f.StringSliceVar(&y.Zones, "yandex-zones", nil, "zones of csid's disks, comma separated, the first the default (empty: the zones the API lists)")
+	f.StringSliceVar(&y.Zones, "yandex-zones", nil, "zones of csid's disks, comma separated, the first the default (empty: the zones the API lists as up)")
 	f.StringVar(&y.MetadataURL, "yandex-metadata-url", yandex.DefaultMetadataURL, "the instance metadata service (node id, the instance's service account)")
 	f.StringVar(&y.ByIDDir, "yandex-by-id-dir", yandex.DefaultByIDDir, "where the node finds attached disks' by-id links (virtio-<disk id>)")
 	f.IntVar(&y.MaxDisks, "yandex-max-disks", yandex.DefaultMaxDisks, "disks an instance holds (its max volumes)")

@@ -26,7 +26,7 @@ type YandexOptions struct {
 	// service account, through the metadata service.
 	KeyFile string
 	// Zones are the zones of disks, the first the default; empty: those
-	// the API lists.
+	// the API lists as up.
 	Zones []string
 	// MetadataURL is the instance metadata service (for the node id when
 	// not given, and the instance's service account).
