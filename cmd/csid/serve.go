@@ -78,7 +78,7 @@ func (so *serveOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&so.o.Cloud, "cloud", "local", "backend: local (sparse files and loop devices), yandex (Yandex Compute Cloud) or fake (in memory, for load tests)")
 	f.StringVar(&so.o.NodeID, "node-id", "", "this node's id (default: the hostname; with --cloud yandex, the instance id from the metadata service)")
 	f.StringVar(&so.o.DriverName, "driver-name", driver.DefaultName, "CSI driver name")
-	f.IntVar(&so.o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit)")
+	f.IntVar(&so.o.MaxVolumesPerNode, "max-volumes-per-node", 0, "volumes this node can hold (0: no limit; with --cloud yandex, --yandex-max-disks)")
 	f.StringVar(&so.o.Zone, "zone", "", "this node's zone on the local and fake backends (default \"local\", \"fake\"); not read with --cloud yandex, where it is the instance's zone as the Compute API reports it")
 	f.IntVar(&so.o.Workers, "workers", 64, "operations whose effects run at once")
 	f.BoolVar(&so.o.RebuildFromCloud, "rebuild-from-cloud", false, "start on a new (missing or empty) state file although the cloud has csid's disks: "+

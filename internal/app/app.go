@@ -48,7 +48,8 @@ type Options struct {
 	// DriverName is the CSI driver name.
 	DriverName string
 	Version    string
-	// MaxVolumesPerNode is this node's attach limit (0: none).
+	// MaxVolumesPerNode is this node's attach limit (0: none) on the local
+	// and fake backends; on Yandex, YandexOptions.MaxDisks.
 	MaxVolumesPerNode int
 	// Zone is this node's zone on the local and fake backends; on Yandex
 	// it is not read (the instance's zone is the Compute API's).

@@ -96,14 +96,15 @@ func (y *yandexCloud) client(t *testing.T) *yandex.Cloud {
 
 // startYandex runs csid on a new fake Yandex API, on instance "node-1"
 // simulated by a loop node in the state dir (all-in-one: controller and
-// node), with o's other fields.
-func startYandex(t *testing.T, o app.Options, maxDisks int) (*apptest.Instance, *yandexCloud) {
+// node), which holds maxDisks disks (its max volumes: on Yandex,
+// MaxVolumesPerNode is not read).
+func startYandex(t *testing.T, maxDisks int) (*apptest.Instance, *yandexCloud) {
 	t.Helper()
 	dir := apptest.ShortTempDir(t)
 	y := newYandexCloud(t, dir)
 	node := y.instance(t, "node-1", maxDisks)
 	yo := y.options(node, "node-1", maxDisks)
-	yo.StateDir, yo.MaxVolumesPerNode = dir, o.MaxVolumesPerNode
+	yo.StateDir = dir
 	return apptest.Start(t, yo), y
 }
 
