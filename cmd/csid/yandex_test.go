@@ -13,11 +13,10 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/csid-dev/csid/internal/app/apptest"
 	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
 )
 
@@ -50,7 +49,7 @@ func newYandexRig(t *testing.T) *yandexRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &yandexRig{fake: f, dir: shortDir(t)}
+	r := &yandexRig{fake: f, dir: apptest.ShortTempDir(t)}
 	if err := json.Unmarshal(raw, &r.key); err != nil {
 		t.Fatal(err)
 	}
@@ -62,17 +61,6 @@ func newYandexRig(t *testing.T) *yandexRig {
 	return r
 }
 
-// shortDir is a temporary directory short enough for a unix socket path.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "csid-y-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // start runs the controller with the rig's flags and extra ones.
 func (r *yandexRig) start(t *testing.T, extra ...string) {
 	t.Helper()
@@ -82,12 +70,7 @@ func (r *yandexRig) start(t *testing.T, extra ...string) {
 		"--yandex-key-file", r.keyFile, "--yandex-zones", yandexZone}, extra...)
 	r.proc = startCSIDProcess(t, "", args...)
 	waitReady(t, r.proc, r.socket)
-	conn, err := grpc.NewClient("unix://"+r.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	r.c = csi.NewControllerClient(conn)
+	r.c = apptest.Dial(t, r.socket).ControllerClient
 }
 
 // retried answers a CO retries (csid's own or the API's transient
@@ -119,8 +102,7 @@ func eventually(t *testing.T, what string, want codes.Code, call func(ctx contex
 // (which runs the queued grow), an expand of the detached volume, delete.
 func (r *yandexRig) lifecycle(t *testing.T, name string) (tries int) {
 	t.Helper()
-	mount := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	mount := apptest.MountCap("ext4")
 	var id string
 	tries += eventually(t, name+": create", codes.OK, func(ctx context.Context) error {
 		resp, err := r.c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{mount},
@@ -218,8 +200,7 @@ func TestYandexSecretsStayHidden(t *testing.T) {
 		r.lifecycle(t, fmt.Sprintf("pvc-secret-%d", i))
 	}
 	// A volume left published, and refused calls, for inspect and the log.
-	mount := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	mount := apptest.MountCap("ext4")
 	var id string
 	eventually(t, "create", codes.OK, func(ctx context.Context) error {
 		resp, err := r.c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-kept", VolumeCapabilities: []*csi.VolumeCapability{mount},

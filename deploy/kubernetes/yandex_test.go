@@ -13,7 +13,7 @@ import (
 // run --cloud=yandex with the folder and the zones (literal, or from a key
 // of a ConfigMap of the bundle) and the service account's key mounted
 // read-only from a Secret, readable by csid and nobody else; the node
-// takes its id and zone from the metadata service; the StorageClass names
+// takes its id from the metadata service; the StorageClass names
 // a Yandex disk type.
 func checkYandex(r reporter, b *bundle) {
 	r.Helper()

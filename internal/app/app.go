@@ -48,9 +48,11 @@ type Options struct {
 	// DriverName is the CSI driver name.
 	DriverName string
 	Version    string
-	// MaxVolumesPerNode is this node's attach limit (0: none).
+	// MaxVolumesPerNode is this node's attach limit (0: none) on the local
+	// and fake backends; on Yandex, YandexOptions.MaxDisks.
 	MaxVolumesPerNode int
-	// Zone is the local backend's zone.
+	// Zone is this node's zone on the local and fake backends; on Yandex
+	// it is not read (the instance's zone is the Compute API's).
 	Zone string
 	// Workers bounds the effects running at once.
 	Workers int
@@ -125,11 +127,11 @@ func StateFile(dir string, mode driver.Mode) string {
 
 // Run serves until ctx ends, then shuts down in order.
 func Run(ctx context.Context, o Options) error {
-	sock, perm, err := o.complete()
-	if err != nil {
+	if err := o.yandexNode(ctx); err != nil {
 		return err
 	}
-	if err := o.yandexNode(ctx); err != nil {
+	sock, perm, err := o.complete()
+	if err != nil {
 		return err
 	}
 	log := o.Log.With().Str("mode", string(o.Mode)).Str("node", o.NodeID).Logger()
@@ -216,7 +218,7 @@ func (o *Options) complete() (sock string, perm SocketPerm, err error) {
 	if o.DriverName == "" {
 		o.DriverName = driver.DefaultName
 	}
-	if o.NodeID == "" && (o.Cloud != "yandex" || o.Mode == driver.ModeController) {
+	if o.NodeID == "" { // a node on Yandex has its instance id by now (yandexNode)
 		h, err := os.Hostname()
 		if err != nil {
 			return "", perm, fmt.Errorf("no --node-id and no hostname: %w", err)

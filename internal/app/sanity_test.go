@@ -40,7 +40,7 @@ func TestSanity(t *testing.T) {
 		var in *apptest.Instance
 		size, expandTo := int64(64<<20), int64(96<<20)
 		if backend == "yandex" {
-			in, clouds[run] = startYandex(t, o, attachLimit)
+			in, clouds[run] = startYandex(t, attachLimit)
 			size, expandTo = 1<<30, 2<<30 // Yandex sizes disks in whole GiB
 		} else {
 			in = apptest.Start(t, o)

@@ -26,10 +26,10 @@ type YandexOptions struct {
 	// service account, through the metadata service.
 	KeyFile string
 	// Zones are the zones of disks, the first the default; empty: those
-	// the API lists.
+	// the API lists as up.
 	Zones []string
-	// MetadataURL is the instance metadata service (for the node id and
-	// zone when not given, and the instance's service account).
+	// MetadataURL is the instance metadata service (for the node id when
+	// not given, and the instance's service account).
 	MetadataURL string
 	// ByIDDir is where a node finds its disks' by-id links.
 	ByIDDir string
@@ -45,31 +45,21 @@ type YandexOptions struct {
 	LoopSerial bool
 }
 
-// yandexNode fills in o.NodeID and o.Zone from the instance metadata
-// service where they are not given, on the node side (a controller's node
-// id names nothing in the cloud).
+// yandexNode fills in o.NodeID from the instance metadata service where it
+// is not given, on the node side (a controller's node id names nothing in
+// the cloud); Run calls it before complete, which names any other node
+// after the host. The zone is not looked up: on Yandex, NodeGetInfo reports
+// the instance's zone as the Compute API has it (cloud.GetNode), and
+// o.Zone is not read.
 func (o *Options) yandexNode(ctx context.Context) error {
-	if o.Cloud != "yandex" || o.Mode == driver.ModeController {
+	if o.Cloud != "yandex" || o.Mode == driver.ModeController || o.NodeID != "" {
 		return nil
 	}
-	if o.NodeID != "" && o.Zone != "" {
-		return nil
+	id, err := yandex.NewMetadata(o.Yandex.MetadataURL).InstanceID(ctx)
+	if err != nil {
+		return fmt.Errorf("no --node-id: the instance id from the metadata service: %w", err)
 	}
-	md := yandex.NewMetadata(o.Yandex.MetadataURL)
-	if o.NodeID == "" {
-		id, err := md.InstanceID(ctx)
-		if err != nil {
-			return fmt.Errorf("no --node-id: the instance id from the metadata service: %w", err)
-		}
-		o.NodeID = id
-	}
-	if o.Zone == "" {
-		z, err := md.Zone(ctx)
-		if err != nil {
-			return fmt.Errorf("no --zone: the instance's zone from the metadata service: %w", err)
-		}
-		o.Zone = z
-	}
+	o.NodeID = id
 	return nil
 }
 
@@ -97,7 +87,7 @@ func newYandex(ctx context.Context, o Options) (*provider, error) {
 	// Yandex's zones are the ones its Kubernetes nodes are labelled with:
 	// csid names them with the well-known key, so StorageClasses and node
 	// labels need nothing of csid's own.
-	return &provider{cloud: c, host: host, mounter: m, zone: o.Zone, topologyKey: driver.ZoneTopologyKey}, nil
+	return &provider{cloud: c, host: host, mounter: m, topologyKey: driver.ZoneTopologyKey}, nil
 }
 
 // loopBackingName is the identity of a loop device standing in for a

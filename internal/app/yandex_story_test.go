@@ -96,14 +96,15 @@ func (y *yandexCloud) client(t *testing.T) *yandex.Cloud {
 
 // startYandex runs csid on a new fake Yandex API, on instance "node-1"
 // simulated by a loop node in the state dir (all-in-one: controller and
-// node), with o's other fields.
-func startYandex(t *testing.T, o app.Options, maxDisks int) (*apptest.Instance, *yandexCloud) {
+// node), which holds maxDisks disks (its max volumes: on Yandex,
+// MaxVolumesPerNode is not read).
+func startYandex(t *testing.T, maxDisks int) (*apptest.Instance, *yandexCloud) {
 	t.Helper()
 	dir := apptest.ShortTempDir(t)
 	y := newYandexCloud(t, dir)
 	node := y.instance(t, "node-1", maxDisks)
 	yo := y.options(node, "node-1", maxDisks)
-	yo.StateDir, yo.MaxVolumesPerNode = dir, o.MaxVolumesPerNode
+	yo.StateDir = dir
 	return apptest.Start(t, yo), y
 }
 
@@ -182,18 +183,20 @@ func TestOfflineResizeStoryOnYandex(t *testing.T) {
 	checkNothingLeftOnYandex(t, "story", y)
 }
 
-// TestNodeIDAndZoneFromTheMetadataService: a node csid on Yandex given no
-// node id and no zone takes both from the instance's metadata service (the
-// fake's, which answers as Yandex's does): NodeGetInfo names the instance
-// and its zone, and the node's limit is the instance's disks.
-func TestNodeIDAndZoneFromTheMetadataService(t *testing.T) {
+// TestNodeIDFromTheMetadataService: a node csid on Yandex given no node id
+// takes the instance id from the instance's metadata service (the fake's,
+// which answers as Yandex's does): NodeGetInfo names the instance and the
+// zone the Compute API has it in, under topology.kubernetes.io/zone (not
+// the metadata's zone, which this test makes another, nor --zone, which is
+// not read on Yandex), and the node's limit is the instance's disks.
+func TestNodeIDFromTheMetadataService(t *testing.T) {
 	dir := apptest.ShortTempDir(t)
 	y := newYandexCloud(t, dir)
 	const instance, zone = "fhm0metadata00000001", yandexZone
 	node := y.instance(t, instance, 6)
-	srv := y.fake.MetadataServer(instance, zone, y.fake.FolderID())
+	srv := y.fake.MetadataServer(instance, "ru-central1-x", y.fake.FolderID())
 	o := y.options(node, "", 6)
-	o.Zone, o.Mode, o.StateDir, o.Endpoint = "", driver.ModeNode, dir, "unix://"+dir+"/csi.sock"
+	o.Zone, o.Mode, o.StateDir, o.Endpoint = "zone-ignored", driver.ModeNode, dir, "unix://"+dir+"/csi.sock"
 	o.Yandex.MetadataURL = srv.URL
 	ready := make(chan struct{})
 	o.Ready = ready

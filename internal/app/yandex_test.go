@@ -9,9 +9,11 @@ import (
 	"github.com/csid-dev/csid/internal/driver"
 )
 
-// A node on Yandex without --node-id and --zone takes them from the
-// instance metadata service; given, they are kept; a controller asks
-// nothing.
+// A node on Yandex without --node-id takes it from the instance metadata
+// service; given, it is kept, and the service is not asked (the test's
+// service would answer another id); a controller asks nothing. The zone is
+// never looked up: it is left as given (NodeGetInfo reports the
+// instance's zone from the Compute API).
 func TestYandexNodeFromMetadata(t *testing.T) {
 	f, err := yandexfake.Start(context.Background(), yandexfake.Options{})
 	if err != nil {
@@ -25,10 +27,10 @@ func TestYandexNodeFromMetadata(t *testing.T) {
 		nodeID, zone     string
 		wantID, wantZone string
 	}{
-		{driver.ModeNode, "", "", "fhmnode0000000000001", "ru-central1-b"},
-		{driver.ModeAll, "", "", "fhmnode0000000000001", "ru-central1-b"},
-		{driver.ModeNode, "given", "", "given", "ru-central1-b"},
-		{driver.ModeNode, "given", "zone-given", "given", "zone-given"},
+		{driver.ModeNode, "", "", "fhmnode0000000000001", ""},
+		{driver.ModeAll, "", "", "fhmnode0000000000001", ""},
+		{driver.ModeNode, "", "zone-given", "fhmnode0000000000001", "zone-given"},
+		{driver.ModeNode, "given", "", "given", ""},
 		{driver.ModeController, "", "", "", ""},
 	} {
 		o := Options{Cloud: "yandex", Mode: tc.mode, NodeID: tc.nodeID, Zone: tc.zone, Yandex: YandexOptions{MetadataURL: md.URL}}
@@ -40,10 +42,14 @@ func TestYandexNodeFromMetadata(t *testing.T) {
 		}
 	}
 	// No metadata service: a node without --node-id cannot start, and says
-	// why.
+	// why; one with --node-id needs none.
 	o := Options{Cloud: "yandex", Mode: driver.ModeNode, Yandex: YandexOptions{MetadataURL: "http://127.0.0.1:1"}}
 	if err := o.yandexNode(ctx); err == nil {
 		t.Fatalf("no metadata service: node id %q, want an error", o.NodeID)
+	}
+	o.NodeID = "given"
+	if err := o.yandexNode(ctx); err != nil {
+		t.Fatalf("no metadata service, --node-id given: %v, want no lookup", err)
 	}
 }
 

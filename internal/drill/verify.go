@@ -43,7 +43,8 @@ func verify(ctx context.Context, dir string, cc *CellCloud, refused []refusal, s
 	}
 
 	// Leaks: what csid check would report, on the stopped driver's state
-	// file, the local cloud and the host.
+	// file, the cell's cloud (freeze records only the local backend keeps)
+	// and the host.
 	insp, err := cc.Inspect(ctx)
 	if err != nil {
 		return err

@@ -81,7 +81,7 @@ func openYandexCell(ctx context.Context, dir string) (_ *CellCloud, err error) {
 	}
 	args := []string{"--cloud", "yandex", "--yandex-endpoint", f.Endpoint(), "--yandex-insecure",
 		"--yandex-folder-id", f.FolderID(), "--yandex-key-file", keyFile, "--yandex-zones", zone,
-		"--yandex-by-id-dir", node.ByIDDir(), "--yandex-loop-serial", "--zone", zone}
+		"--yandex-by-id-dir", node.ByIDDir(), "--yandex-loop-serial"}
 	return &CellCloud{
 		Args:      args,
 		Inspect:   func(context.Context) (check.Cloud, error) { return yandexInspector{c, node}, nil },

@@ -88,14 +88,6 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	return &csi.CreateVolumeResponse{Volume: d.volume(&out.Volume)}, nil
 }
 
-// topologyKey is the segment that names a zone (Config.TopologyKey).
-func (d *Driver) topologyKey() string {
-	if d.cfg.TopologyKey != "" {
-		return d.cfg.TopologyKey
-	}
-	return TopologyKey
-}
-
 // zones reads the zones a volume may be created in from the accessibility
 // requirements: the preferred ones first (within the requisite ones, if
 // any), then the rest of the requisite ones.
@@ -104,9 +96,9 @@ func (d *Driver) zones(tr *csi.TopologyRequirement) ([]string, error) {
 		return nil, nil
 	}
 	zoneOf := func(t *csi.Topology) (string, error) {
-		z, ok := t.GetSegments()[d.topologyKey()]
+		z, ok := t.GetSegments()[d.cfg.TopologyKey]
 		if !ok || len(t.GetSegments()) != 1 {
-			return "", invalid("topology %v: csid knows one segment, %s", t.GetSegments(), d.topologyKey())
+			return "", invalid("topology %v: csid knows one segment, %s", t.GetSegments(), d.cfg.TopologyKey)
 		}
 		return z, nil
 	}
@@ -139,7 +131,7 @@ func (d *Driver) zones(tr *csi.TopologyRequirement) ([]string, error) {
 func (d *Driver) volume(v *store.Volume) *csi.Volume {
 	cv := &csi.Volume{VolumeId: v.ID, CapacityBytes: v.CapacityBytes, ContentSource: volumeSource(v.Source)}
 	if d.cfg.Topology && v.Zone != "" {
-		cv.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{d.topologyKey(): v.Zone}}}
+		cv.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{d.cfg.TopologyKey: v.Zone}}}
 	}
 	return cv
 }
@@ -313,7 +305,7 @@ func (d *Driver) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	zone := ""
 	if t := req.GetAccessibleTopology(); t != nil && d.cfg.Topology {
-		z, ok := t.GetSegments()[d.topologyKey()]
+		z, ok := t.GetSegments()[d.cfg.TopologyKey]
 		if !ok || !slices.Contains(d.cfg.Controller.Zones(), z) {
 			return &csi.GetCapacityResponse{}, nil // a topology csid does not serve has no capacity here
 		}

@@ -144,6 +144,9 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Name == "" {
 		cfg.Name = DefaultName
 	}
+	if cfg.TopologyKey == "" {
+		cfg.TopologyKey = TopologyKey
+	}
 	switch cfg.Mode {
 	case ModeAll, ModeController, ModeNode:
 	default:

@@ -35,7 +35,7 @@ func (d *Driver) NodeGetInfo(ctx context.Context, _ *csi.NodeGetInfoRequest) (*c
 	}
 	resp := &csi.NodeGetInfoResponse{NodeId: info.ID, MaxVolumesPerNode: info.MaxVolumes}
 	if d.cfg.Topology && info.Zone != "" {
-		resp.AccessibleTopology = &csi.Topology{Segments: map[string]string{d.topologyKey(): info.Zone}}
+		resp.AccessibleTopology = &csi.Topology{Segments: map[string]string{d.cfg.TopologyKey: info.Zone}}
 	}
 	return resp, nil
 }
