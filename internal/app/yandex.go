@@ -4,11 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/csid-dev/csid/internal/cloud/yandex"
 	"github.com/csid-dev/csid/internal/driver"
@@ -80,7 +76,7 @@ func newYandex(ctx context.Context, o Options) (*provider, error) {
 	}
 	serial := yandex.VirtioSerial
 	if y.LoopSerial {
-		serial = loopBackingName
+		serial = yandex.LoopSerial
 	}
 	host := yandex.NewHost(yandex.HostOptions{InstanceID: o.NodeID, Cloud: c, ByIDDir: y.ByIDDir, Serial: serial})
 	m := mounter.NewWithState(filepath.Join(o.StateDir, GrowDir))
@@ -88,21 +84,4 @@ func newYandex(ctx context.Context, o Options) (*provider, error) {
 	// csid names them with the well-known key, so StorageClasses and node
 	// labels need nothing of csid's own.
 	return &provider{cloud: c, host: host, mounter: m, topologyKey: driver.ZoneTopologyKey}, nil
-}
-
-// loopBackingName is the identity of a loop device standing in for a
-// disk: the base name of its backing file (the node simulator names each
-// disk's image after the disk id), read through the open descriptor's
-// device number.
-func loopBackingName(f *os.File) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return "", fmt.Errorf("fstat %s: %w", f.Name(), err)
-	}
-	p := fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return "", fmt.Errorf("%s is not a loop device with a backing file: %w", f.Name(), err)
-	}
-	return filepath.Base(strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")), nil
 }
