@@ -187,24 +187,11 @@ func TestStaleDeviceOfAForceDetachedVolumeIsNeverBound(t *testing.T) {
 	o := startOverlay(t)
 	vc := blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 
-	a := o.create(t, "pvc-a", vc)
-	stagingA := o.blockStaging(t, "pv-a")
-	pcA := o.attach(t, a, vc)
-	if err := o.stage(a, stagingA, vc, pcA); err != nil {
-		t.Fatal(err)
-	}
-	podA := o.blockTarget(t, "pv-a", "pod-a1")
-	if err := o.publish(a, stagingA, podA, vc); err != nil {
-		t.Fatal(err)
-	}
-	writeMarker(t, podA, a, drill.MarkerBlock)
-	o.unpublish(t, a, podA)
-	devA := o.stagedDevice(t, a)
-
-	// The force detach; B is attached and staged until it gets A's old
-	// device (another test may take a free device in between).
-	o.detach(t, a)
-	b, stagingB := reuseDevice(t, o, vc, devA)
+	// A staged, published, written and force-detached; B attached and
+	// staged on the device A's record names. Loop devices are the
+	// machine's: another test may take A's released device first, and
+	// keep it, so a lost race starts again with a new A.
+	a, stagingA, pcA, devA, b, stagingB := staleDevice(t, o, vc)
 	podB := o.blockTarget(t, "pv-b", "pod-b")
 	if err := o.publish(b, stagingB, podB, vc); err != nil {
 		t.Fatal(err)
@@ -264,27 +251,48 @@ func TestStaleDeviceOfAForceDetachedVolumeIsNeverBound(t *testing.T) {
 	o.clean(t)
 }
 
-// reuseDevice creates raw block volumes, attaches and stages each until
-// one is staged from dev (a device just released), and returns that one
-// with its staging path. Those that got another device are brought down.
-func reuseDevice(t *testing.T, o *overlay, vc *csi.VolumeCapability, dev string) (string, string) {
+// staleDevice makes the first scenario's world: raw block volume A is
+// staged, published, written and unpublished, and then detached behind
+// the node's back (the force detach releases its loop device); volume B is
+// attached and staged, and gets A's released device. Loop device numbers
+// are the machine's, and another test may take A's device as it is
+// released (and keep it for a while): then B and A are undone and the
+// scenario starts again with a new A, on whatever device it gets, up to
+// ten times.
+func staleDevice(t *testing.T, o *overlay, vc *csi.VolumeCapability) (a, stagingA string, pcA map[string]string, devA, b, stagingB string) {
 	t.Helper()
-	for i := range 5 {
-		id := o.create(t, fmt.Sprintf("pvc-b%d", i), vc)
-		staging := o.blockStaging(t, fmt.Sprintf("pv-b%d", i))
-		if err := o.stage(id, staging, vc, o.attach(t, id, vc)); err != nil {
+	for i := range 10 {
+		a = o.create(t, fmt.Sprintf("pvc-a%d", i), vc)
+		stagingA = o.blockStaging(t, fmt.Sprintf("pv-a%d", i))
+		pcA = o.attach(t, a, vc)
+		if err := o.stage(a, stagingA, vc, pcA); err != nil {
 			t.Fatal(err)
 		}
-		if got := o.stagedDevice(t, id); got == dev {
-			return id, staging
-		} else {
-			t.Logf("volume %s got %s, not %s (taken meanwhile): again", id, got, dev)
+		podA := o.blockTarget(t, fmt.Sprintf("pv-a%d", i), "pod-a1")
+		if err := o.publish(a, stagingA, podA, vc); err != nil {
+			t.Fatal(err)
 		}
-		o.unstage(t, id, staging)
-		o.detach(t, id)
+		writeMarker(t, podA, a, drill.MarkerBlock)
+		o.unpublish(t, a, podA)
+		devA = o.stagedDevice(t, a)
+		o.detach(t, a)
+
+		b = o.create(t, fmt.Sprintf("pvc-b%d", i), vc)
+		stagingB = o.blockStaging(t, fmt.Sprintf("pv-b%d", i))
+		if err := o.stage(b, stagingB, vc, o.attach(t, b, vc)); err != nil {
+			t.Fatal(err)
+		}
+		got := o.stagedDevice(t, b)
+		if got == devA {
+			return a, stagingA, pcA, devA, b, stagingB
+		}
+		t.Logf("volume %s got %s, not %s (taken meanwhile): again with a new A", b, got, devA)
+		o.unstage(t, b, stagingB)
+		o.detach(t, b)
+		o.unstage(t, a, stagingA)
 	}
-	t.Fatalf("no volume got the released %s in 5 tries", dev)
-	return "", ""
+	t.Fatalf("in 10 tries no volume B got the device its volume A released")
+	return
 }
 
 // TestPhantomVolumeIdNeverStagesAnotherVolumesDisk is the second
