@@ -94,6 +94,10 @@ type Options struct {
 	OpRetention uint64
 	// MaxBatch caps the number of callers sharing one commit (default 256).
 	MaxBatch int
+	// GatherWindow is the most a leader waits, after a shared commit, for
+	// as many callers as shared it before it commits (default 200µs; see
+	// Update).
+	GatherWindow time.Duration
 	// NoSync skips fsync (tests and benchmarks of logic only; never in a
 	// driver).
 	NoSync bool
@@ -127,6 +131,9 @@ func (o *Options) defaults() {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 256
 	}
+	if o.GatherWindow <= 0 {
+		o.GatherWindow = 200 * time.Microsecond
+	}
 	if o.WatchInterval <= 0 {
 		o.WatchInterval = time.Second
 	}
@@ -154,8 +161,12 @@ type Store struct {
 	queue   []*call
 	leading bool
 	cclosed bool
-	// shared says the last commit served more than one caller.
-	shared atomic.Bool
+	// shared says the last commit served more than one caller, and
+	// lastBatch how many; grew wakes a leader gathering callers when one
+	// joins the queue.
+	shared    atomic.Bool
+	lastBatch atomic.Int64
+	grew      chan struct{}
 
 	// health holds what keeps the store from taking writes (Health).
 	health health
@@ -230,7 +241,7 @@ func Open(path string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, path: path, opts: opts, migratedFrom: migrated, created: created, watch: watch}
+	s := &Store{db: db, path: path, opts: opts, migratedFrom: migrated, created: created, watch: watch, grew: make(chan struct{}, 1)}
 	s.idle.L = &s.cmu
 	s.health.init()
 	s.health.probes.Add(1)
