@@ -101,7 +101,7 @@ type harness struct {
 	c cloud.Cloud
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
 	return c
@@ -126,17 +126,27 @@ func (h *harness) addNode(n cloud.Node) {
 // failing the test on any error.
 func (h *harness) do(op cloud.Operation, err error) cloud.Disk {
 	h.t.Helper()
-	if err != nil {
-		h.t.Fatalf("call: %v", err)
+	return Done(h.t, h.c)(op, err)
+}
+
+// Done returns a function that waits on c for the operation a call
+// started and returns the disk it left, failing the test on an error of
+// the call or of the operation: Done(t, c)(c.AttachDisk(...)).
+func Done(t testing.TB, c cloud.Cloud) func(cloud.Operation, error) cloud.Disk {
+	return func(op cloud.Operation, err error) cloud.Disk {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("call: %v", err)
+		}
+		if op.ID == "" {
+			t.Fatalf("call returned an operation without an id: %+v", op)
+		}
+		d, err := c.WaitOperation(ctx(t), op.ID)
+		if err != nil {
+			t.Fatalf("operation %+v: %v", op, err)
+		}
+		return d
 	}
-	if op.ID == "" {
-		h.t.Fatalf("call returned an operation without an id: %+v", op)
-	}
-	d, err := h.c.WaitOperation(ctx(h.t), op.ID)
-	if err != nil {
-		h.t.Fatalf("operation %+v: %v", op, err)
-	}
-	return d
 }
 
 // refused asserts that a call failed by itself with want, starting nothing.

@@ -53,29 +53,13 @@ func TestContractWithLatency(t *testing.T) {
 	cloudtest.Run(t, provider(2*time.Millisecond))
 }
 
-// done returns a function that waits for the operation a call started and
-// fails the test on any error: done(t, c)(c.AttachDisk(...)).
-func done(t *testing.T, c *fake.Cloud) func(cloud.Operation, error) cloud.Disk {
-	return func(op cloud.Operation, err error) cloud.Disk {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := c.WaitOperation(context.Background(), op.ID)
-		if err != nil {
-			t.Fatalf("operation %+v: %v", op, err)
-		}
-		return d
-	}
-}
-
 func newCloud(t *testing.T) (*fake.Cloud, cloud.Disk) {
 	t.Helper()
 	c := fake.New(fake.Options{})
 	if err := c.AddNode(cloud.Node{ID: "node-a"}); err != nil {
 		t.Fatal(err)
 	}
-	d := done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}))
+	d := cloudtest.Done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}))
 	return c, d
 }
 
@@ -120,10 +104,10 @@ func TestHoldShowsOperationOrder(t *testing.T) {
 	}
 
 	release()
-	if got := done(t, c)(resize, nil); got.SizeBytes != 2*gib {
+	if got := cloudtest.Done(t, c)(resize, nil); got.SizeBytes != 2*gib {
 		t.Fatalf("resize left %+v", got)
 	}
-	done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a"))
+	cloudtest.Done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a"))
 
 	var resizeEnd time.Time
 	attaches := 0
@@ -150,7 +134,7 @@ func TestLatencyDelaysCompletion(t *testing.T) {
 	c, d := newCloud(t)
 	const lat = 5 * time.Millisecond
 	c.SetLatency(cloud.OpAttach, lat)
-	done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a"))
+	cloudtest.Done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a"))
 	calls := c.Calls()
 	last := calls[len(calls)-1]
 	if last.Method != "AttachDisk" || last.End.Sub(last.Start) < lat {
@@ -170,7 +154,7 @@ func TestFailCalls(t *testing.T) {
 	if got, _ := c.GetDisk(context.Background(), d.ID); got.AttachedTo != "" {
 		t.Fatalf("a failed call attached the disk: %+v", got)
 	}
-	if got := done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a")); got.AttachedTo != "node-a" {
+	if got := cloudtest.Done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a")); got.AttachedTo != "node-a" {
 		t.Fatalf("third attach: %+v", got)
 	}
 	c.FailCalls(fake.KindGetDisk, 1, boom)
@@ -197,7 +181,7 @@ func TestFailOperationsChangeNothing(t *testing.T) {
 		t.Fatalf("the failed create kept its reservation: %d free", free)
 	}
 	// The name is free: a retry creates the disk.
-	d := done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}))
+	d := cloudtest.Done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}))
 	if d.ID == op.DiskID {
 		t.Fatalf("the retry reused the failed disk's id %s", d.ID)
 	}
@@ -210,7 +194,7 @@ func TestDroppedReplyIsRecoveredByRepeating(t *testing.T) {
 	if _, err := c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}); !errors.Is(err, lost) {
 		t.Fatalf("create: %v, want the lost reply", err)
 	}
-	d := done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}))
+	d := cloudtest.Done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}))
 	page, err := c.ListDisks(context.Background(), cloud.ListOptions{})
 	if err != nil || len(page.Disks) != 1 || page.Disks[0].ID != d.ID {
 		t.Fatalf("ListDisks = %+v, %v; want only %s (the create happened once)", page, err, d.ID)
@@ -225,21 +209,21 @@ func TestZones(t *testing.T) {
 	if err := c.AddNode(cloud.Node{ID: "node-x", Zone: "zone-x"}); !errors.Is(err, cloud.ErrInvalid) {
 		t.Fatalf("node in an unknown zone: %v, want ErrInvalid", err)
 	}
-	d := done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}))
+	d := cloudtest.Done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-1", SizeBytes: gib}))
 	if d.Zone != "zone-a" {
 		t.Fatalf("default zone %q, want zone-a", d.Zone)
 	}
 	if _, err := c.AttachDisk(context.Background(), d.ID, "node-b"); !errors.Is(err, cloud.ErrInvalid) {
 		t.Fatalf("attach across zones: %v, want ErrInvalid", err)
 	}
-	db := done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-2", SizeBytes: gib, Zone: "zone-b"}))
-	done(t, c)(c.AttachDisk(context.Background(), db.ID, "node-b"))
+	db := cloudtest.Done(t, c)(c.CreateDisk(context.Background(), cloud.DiskSpec{Name: "pvc-2", SizeBytes: gib, Zone: "zone-b"}))
+	cloudtest.Done(t, c)(c.AttachDisk(context.Background(), db.ID, "node-b"))
 }
 
 func TestHostDevicesAreStable(t *testing.T) {
 	c, d := newCloud(t)
 	h := c.Host("node-a")
-	done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a"))
+	cloudtest.Done(t, c)(c.AttachDisk(context.Background(), d.ID, "node-a"))
 	d1, err := h.OpenDevice(context.Background(), d.ID, cloud.OpenOptions{})
 	if err != nil {
 		t.Fatal(err)

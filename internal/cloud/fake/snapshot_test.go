@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/cloudtest"
 	"github.com/csid-dev/csid/internal/cloud/fake"
 )
 
@@ -38,9 +39,9 @@ func TestHeldSnapshotIsNotReady(t *testing.T) {
 		t.Fatalf("delete of a snapshot being taken: %v, want ErrTransient (busy)", err)
 	}
 	// The disk is not busy: a snapshot does not hold it.
-	done(t, c)(c.ResizeDisk(ctx, d.ID, 2*gib))
+	cloudtest.Done(t, c)(c.ResizeDisk(ctx, d.ID, 2*gib))
 	release()
-	done(t, c)(op, nil)
+	cloudtest.Done(t, c)(op, nil)
 	if s, err := c.GetSnapshot(ctx, op.SnapshotID); err != nil || !s.Ready || s.SizeBytes != gib {
 		t.Fatalf("GetSnapshot after release = %+v, %v; want ready, of the size at the call", s, err)
 	}
@@ -68,8 +69,8 @@ func TestSnapshotCopiesContentAtTheCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	release()
-	done(t, c)(op, nil)
-	restored := done(t, c)(c.CreateDisk(ctx, cloud.DiskSpec{Name: "restore", SizeBytes: 2 * gib, Source: &cloud.DiskSource{SnapshotID: op.SnapshotID}}))
+	cloudtest.Done(t, c)(op, nil)
+	restored := cloudtest.Done(t, c)(c.CreateDisk(ctx, cloud.DiskSpec{Name: "restore", SizeBytes: 2 * gib, Source: &cloud.DiskSource{SnapshotID: op.SnapshotID}}))
 	if restored.Source == nil || restored.Source.SnapshotID != op.SnapshotID {
 		t.Fatalf("restored disk reports source %+v", restored.Source)
 	}
@@ -87,7 +88,7 @@ func TestSnapshotCopiesContentAtTheCall(t *testing.T) {
 	if got := read(restored.ID, gib-4, 8); !bytes.Equal(got, []byte("tail\x00\x00\x00\x00")) {
 		t.Fatalf("restored disk's tail %q, want the source's then zeros", got)
 	}
-	clone := done(t, c)(c.CreateDisk(ctx, cloud.DiskSpec{Name: "clone", SizeBytes: gib, Source: &cloud.DiskSource{DiskID: d.ID}}))
+	clone := cloudtest.Done(t, c)(c.CreateDisk(ctx, cloud.DiskSpec{Name: "clone", SizeBytes: gib, Source: &cloud.DiskSource{DiskID: d.ID}}))
 	if got := read(clone.ID, 4090, 19); string(got) != "after the snapshot!" {
 		t.Fatalf("clone holds %q, want the disk's content at the call", got)
 	}
@@ -118,7 +119,7 @@ func TestSnapshotFailOperationsChangeNothing(t *testing.T) {
 	if _, err := c.GetSnapshot(ctx, op.SnapshotID); !errors.Is(err, cloud.ErrNotFound) {
 		t.Fatalf("the failed snapshot is still there: %v", err)
 	}
-	done(t, c)(c.CreateSnapshot(ctx, cloud.SnapshotSpec{Name: "snap-1", SourceDiskID: d.ID}))
+	cloudtest.Done(t, c)(c.CreateSnapshot(ctx, cloud.SnapshotSpec{Name: "snap-1", SourceDiskID: d.ID}))
 	page, err := c.ListSnapshots(ctx, cloud.SnapshotListOptions{})
 	if err != nil || len(page.Snapshots) != 1 || page.Snapshots[0].ID == op.SnapshotID {
 		t.Fatalf("after a failed snapshot and a retry: %+v, %v; want one new snapshot", page, err)
@@ -149,7 +150,7 @@ func TestSnapshotDroppedReplyIsRecoveredByRepeating(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done(t, c)(op, nil)
+	cloudtest.Done(t, c)(op, nil)
 	page, err := c.ListSnapshots(ctx, cloud.SnapshotListOptions{})
 	if err != nil || len(page.Snapshots) != 1 || page.Snapshots[0].ID != op.SnapshotID || !page.Snapshots[0].Ready {
 		t.Fatalf("ListSnapshots = %+v, %v; want only %s (taken once)", page, err, op.SnapshotID)

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/cloudtest"
 	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
 )
 
@@ -23,7 +24,7 @@ func TestAttachedGrowRefusalIsErrAttached(t *testing.T) {
 	}
 	ctx := context.Background()
 	c := Open(t, FakeOptions(f, keyFile))
-	do := Waiter(t, c)
+	do := cloudtest.Done(t, c)
 	d := do(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30}))
 
 	// The grow's operation fails with FailedPrecondition, the disk detached:

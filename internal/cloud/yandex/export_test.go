@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csid-dev/csid/internal/cloud"
 	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
 )
 
@@ -49,20 +48,4 @@ func Open(t *testing.T, o Options) *Cloud {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// Waiter returns a wait for c's operations that fails the test on an
-// error of the call or of the operation.
-func Waiter(t *testing.T, c *Cloud) func(cloud.Operation, error) cloud.Disk {
-	return func(op cloud.Operation, err error) cloud.Disk {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := c.WaitOperation(context.Background(), op.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/csid-dev/csid/internal/cloud"
+	"github.com/csid-dev/csid/internal/cloud/cloudtest"
 	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
 	"github.com/csid-dev/csid/internal/testutil"
 )
@@ -31,7 +32,7 @@ func TestHostOnTheFakeAPI(t *testing.T) {
 	t.Cleanup(func() { node.Close() })
 	c := Open(t, FakeOptions(f, keyFile))
 	h := NewHost(HostOptions{InstanceID: testInstance, Cloud: c, ByIDDir: node.ByIDDir(), Serial: LoopSerial, DeviceWait: time.Minute})
-	wait := Waiter(t, c)
+	wait := cloudtest.Done(t, c)
 
 	a := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "a", SizeBytes: 1 << 30, Tags: map[string]string{"csid.dev/volume-id": "vol-a"}}))
 	b := wait(c.CreateDisk(ctx, cloud.DiskSpec{Name: "b", SizeBytes: 1 << 30}))
