@@ -46,7 +46,7 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 	if op, found, err := c.existing(ctx, spec.Name, size, zone, typ); found || err != nil {
 		return op, err
 	}
-	yop, err := c.sdk.Compute().Disk().Create(ctx, &computepb.CreateDiskRequest{
+	yop, err := c.api.disks.Create(ctx, &computepb.CreateDiskRequest{
 		FolderId: c.opts.FolderID, Name: spec.Name, Labels: labels, TypeId: typ, ZoneId: zone, Size: size,
 		Description: "made by csid (" + c.opts.Driver + ")",
 	})
@@ -101,7 +101,7 @@ func (c *Cloud) diskByName(ctx context.Context, name string) (*computepb.Disk, e
 func (c *Cloud) eachDisk(ctx context.Context, filter string, f func(*computepb.Disk) bool) error {
 	token := ""
 	for {
-		resp, err := c.sdk.Compute().Disk().List(ctx, &computepb.ListDisksRequest{
+		resp, err := c.api.disks.List(ctx, &computepb.ListDisksRequest{
 			FolderId: c.opts.FolderID, PageSize: 1000, PageToken: token, Filter: filter})
 		if err != nil {
 			return apiError(err, "list disks of folder "+c.opts.FolderID)
@@ -127,7 +127,7 @@ func (c *Cloud) ours(d *computepb.Disk) bool {
 // disk reads one of csid's disks: a disk that is not csid's is ErrNotFound
 // (csid never touches what it did not make).
 func (c *Cloud) disk(ctx context.Context, id string) (*computepb.Disk, error) {
-	d, err := c.sdk.Compute().Disk().Get(ctx, &computepb.GetDiskRequest{DiskId: id})
+	d, err := c.api.disks.Get(ctx, &computepb.GetDiskRequest{DiskId: id})
 	if err != nil {
 		return nil, apiError(err, "get disk "+id)
 	}
@@ -208,7 +208,7 @@ func (c *Cloud) DeleteDisk(ctx context.Context, diskID string) (cloud.Operation,
 	if len(d.GetInstanceIds()) > 0 {
 		return cloud.Operation{}, fmt.Errorf("disk %s is attached to %v: %w", diskID, d.GetInstanceIds(), cloud.ErrAttached)
 	}
-	yop, err := c.sdk.Compute().Disk().Delete(ctx, &computepb.DeleteDiskRequest{DiskId: diskID})
+	yop, err := c.api.disks.Delete(ctx, &computepb.DeleteDiskRequest{DiskId: diskID})
 	if err := apiError(err, "delete disk "+diskID); err != nil {
 		if errors.Is(err, cloud.ErrNotFound) {
 			return doneOp(cloud.OpDelete, diskID, true), nil
@@ -238,7 +238,7 @@ func (c *Cloud) ResizeDisk(ctx context.Context, diskID string, sizeBytes int64) 
 	if len(d.GetInstanceIds()) > 0 {
 		return cloud.Operation{}, fmt.Errorf("disk %s is attached to %v: %w", diskID, d.GetInstanceIds(), cloud.ErrAttached)
 	}
-	yop, err := c.sdk.Compute().Disk().Update(ctx, &computepb.UpdateDiskRequest{DiskId: diskID, Size: size,
+	yop, err := c.api.disks.Update(ctx, &computepb.UpdateDiskRequest{DiskId: diskID, Size: size,
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"size"}}})
 	if err := apiError(err, fmt.Sprintf("grow disk %s to %d bytes", diskID, size)); err != nil {
 		return cloud.Operation{}, c.refused(ctx, err, diskID)
@@ -268,7 +268,7 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskID string, tags map[stri
 	if !changed && maps.Equal(labels, d.GetLabels()) {
 		return doneOp(cloud.OpTag, diskID, true), nil
 	}
-	yop, err := c.sdk.Compute().Disk().Update(ctx, &computepb.UpdateDiskRequest{DiskId: diskID, Labels: labels,
+	yop, err := c.api.disks.Update(ctx, &computepb.UpdateDiskRequest{DiskId: diskID, Labels: labels,
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
 	if err := apiError(err, "label disk "+diskID); err != nil {
 		return cloud.Operation{}, err
@@ -299,7 +299,7 @@ func (c *Cloud) AttachDisk(ctx context.Context, diskID, nodeID string) (cloud.Op
 	if n := len(inst.GetSecondaryDisks()); n >= c.opts.MaxDisks {
 		return cloud.Operation{}, fmt.Errorf("instance %s holds %d disks, its limit: %w", nodeID, n, cloud.ErrLimitReached)
 	}
-	yop, err := c.sdk.Compute().Instance().AttachDisk(ctx, &computepb.AttachInstanceDiskRequest{InstanceId: nodeID,
+	yop, err := c.api.instances.AttachDisk(ctx, &computepb.AttachInstanceDiskRequest{InstanceId: nodeID,
 		AttachedDiskSpec: &computepb.AttachedDiskSpec{Mode: computepb.AttachedDiskSpec_READ_WRITE, DeviceName: diskID,
 			Disk: &computepb.AttachedDiskSpec_DiskId{DiskId: diskID}}})
 	if err := apiError(err, fmt.Sprintf("attach disk %s to instance %s", diskID, nodeID)); err != nil {
@@ -350,7 +350,7 @@ func (c *Cloud) DetachDisk(ctx context.Context, diskID, nodeID string) (cloud.Op
 	if !slices.Contains(d.GetInstanceIds(), nodeID) {
 		return doneOp(cloud.OpDetach, diskID, true), nil
 	}
-	yop, err := c.sdk.Compute().Instance().DetachDisk(ctx, &computepb.DetachInstanceDiskRequest{InstanceId: nodeID,
+	yop, err := c.api.instances.DetachDisk(ctx, &computepb.DetachInstanceDiskRequest{InstanceId: nodeID,
 		Disk: &computepb.DetachInstanceDiskRequest_DiskId{DiskId: diskID}})
 	if err := apiError(err, fmt.Sprintf("detach disk %s from instance %s", diskID, nodeID)); err != nil {
 		return cloud.Operation{}, err

@@ -60,7 +60,7 @@ func (c *Cloud) WaitOperation(ctx context.Context, opID string) (cloud.Disk, err
 	}
 	pause := c.opts.PollInterval
 	for {
-		op, err := c.sdk.Operation().Get(ctx, &operationpb.GetOperationRequest{OperationId: opID})
+		op, err := c.api.operations.Get(ctx, &operationpb.GetOperationRequest{OperationId: opID})
 		if err != nil {
 			return cloud.Disk{}, apiError(err, "get operation "+opID)
 		}

@@ -26,9 +26,8 @@ const (
 // waits for the rate limiter, and a call the API refused for load
 // (ResourceExhausted that is not a quota, Unavailable) is retried after a
 // jittered exponential backoff, each retry again through the limiter, at
-// most maxAttempts times in all. The SDK adds no retry of its own (its
-// retry interceptor is opt-in and not installed) and gRPC's built-in
-// retries are disabled on the connection, so these are the only retries.
+// most maxAttempts times in all. gRPC's built-in retries are disabled on
+// every connection, so these are the only retries.
 type throttle struct {
 	limiter     *rate.Limiter
 	maxAttempts int

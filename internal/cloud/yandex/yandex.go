@@ -1,8 +1,8 @@
 // Package yandex is csid's provider for Yandex Compute Cloud: its disks
 // are csid's disks, its instances csid's nodes, its asynchronous
 // operations csid's operations. The Cloud talks to the Yandex API through
-// the Yandex Go SDK (credentials, endpoint discovery) and the generated
-// clients of go-genproto; the Host (host*.go) finds an attached disk on an
+// the generated clients of go-genproto (api.go; credentials.go signs the
+// service account's JWT); the Host (host*.go) finds an attached disk on an
 // instance by its device name, which is the disk's id.
 //
 // Yandex Compute grows a disk only while it is detached as far as csid is
@@ -19,7 +19,6 @@ import (
 	"time"
 
 	computepb "github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
-	ycsdk "github.com/yandex-cloud/go-sdk"
 	"google.golang.org/grpc"
 
 	"github.com/csid-dev/csid/internal/cloud"
@@ -83,14 +82,14 @@ type Options struct {
 	// PollInterval is the first pause between polls of an operation
 	// (default 250ms; it doubles up to 5s).
 	PollInterval time.Duration
-	// DialOptions are added to the SDK's (tests).
+	// DialOptions are added to csid's own (tests).
 	DialOptions []grpc.DialOption
 }
 
 // Cloud is the cloud.Cloud of Yandex Compute.
 type Cloud struct {
 	opts  Options
-	sdk   *ycsdk.SDK
+	api   *api
 	zones []string
 }
 
@@ -127,16 +126,13 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 		th.base = o.Backoff
 	}
 	dial := append([]grpc.DialOption{grpc.WithChainUnaryInterceptor(th.unary), grpc.WithDisableRetry()}, o.DialOptions...)
-	sdk, err := ycsdk.Build(ctx, ycsdk.Config{Credentials: creds, Endpoint: o.Endpoint, Plaintext: o.Insecure}, dial...)
+	a, err := dialAPI(ctx, o.Endpoint, o.Insecure, creds, dial)
 	if err != nil {
 		return nil, fmt.Errorf("yandex: connect to %s: %w", o.Endpoint, err)
 	}
-	if k, ok := creds.(*serviceAccountKey); ok {
-		k.iam = sdk
-	}
-	c := &Cloud{opts: o, sdk: sdk, zones: slices.Clone(o.Zones)}
+	c := &Cloud{opts: o, api: a, zones: slices.Clone(o.Zones)}
 	if err := c.start(ctx); err != nil {
-		_ = sdk.Shutdown(context.Background())
+		_ = a.close()
 		return nil, err
 	}
 	return c, nil
@@ -146,7 +142,7 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 // zones when none were given.
 func (c *Cloud) start(ctx context.Context) error {
 	if len(c.zones) == 0 {
-		resp, err := c.sdk.Compute().Zone().List(ctx, &computepb.ListZonesRequest{PageSize: 100})
+		resp, err := c.api.zones.List(ctx, &computepb.ListZonesRequest{PageSize: 100})
 		if err != nil {
 			return apiError(err, "list zones")
 		}
@@ -161,12 +157,12 @@ func (c *Cloud) start(ctx context.Context) error {
 		}
 		return nil
 	}
-	_, err := c.sdk.Compute().Disk().List(ctx, &computepb.ListDisksRequest{FolderId: c.opts.FolderID, PageSize: 1})
+	_, err := c.api.disks.List(ctx, &computepb.ListDisksRequest{FolderId: c.opts.FolderID, PageSize: 1})
 	return apiError(err, "list disks of folder "+c.opts.FolderID)
 }
 
 // Close closes the connections to the API.
-func (c *Cloud) Close() error { return c.sdk.Shutdown(context.Background()) }
+func (c *Cloud) Close() error { return c.api.close() }
 
 // String names the provider (in logs); it holds no secret.
 func (c *Cloud) String() string {
@@ -196,7 +192,7 @@ func (c *Cloud) Capacity(ctx context.Context, zone string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	got, err := c.sdk.Compute().Zone().Get(ctx, &computepb.GetZoneRequest{ZoneId: z})
+	got, err := c.api.zones.Get(ctx, &computepb.GetZoneRequest{ZoneId: z})
 	if err != nil {
 		return 0, apiError(err, "get zone "+z)
 	}
@@ -230,7 +226,7 @@ func (c *Cloud) GetNode(ctx context.Context, nodeID string) (cloud.Node, error) 
 }
 
 func (c *Cloud) instance(ctx context.Context, id string) (*computepb.Instance, error) {
-	inst, err := c.sdk.Compute().Instance().Get(ctx, &computepb.GetInstanceRequest{InstanceId: id})
+	inst, err := c.api.instances.Get(ctx, &computepb.GetInstanceRequest{InstanceId: id})
 	if err != nil {
 		return nil, apiError(err, "get instance "+id)
 	}
