@@ -312,21 +312,6 @@ func (j *journal) close() error {
 	return j.ckErr
 }
 
-// writeAt writes b at offset off of the open file fd.
-func writeAt(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(fd, b, off)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		b, off = b[n:], off+int64(n)
-	}
-	return nil
-}
-
 func fdatasyncFD(fd int) error {
 	for {
 		err := unix.Fdatasync(fd)
