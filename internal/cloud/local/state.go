@@ -440,14 +440,15 @@ func (s *state) recordFile(d cloud.Disk, durable bool) (string, error) {
 	if err == nil && size > int64(len(raw)) {
 		err = unix.Ftruncate(fd, int64(len(raw)))
 	}
-	if err == nil && !durable {
-		// A journaled create's (journal.go).
-	} else if err == nil && reused {
-		// The spare's inode and blocks are on the device: its new
-		// content and size are all there is to make durable.
-		err = unix.Fdatasync(fd)
-	} else if err == nil {
-		err = unix.Fsync(fd)
+	// Not durable: a journaled create's (journal.go).
+	if err == nil && durable {
+		if reused {
+			// The spare's inode and blocks are on the device: its new
+			// content and size are all there is to make durable.
+			err = unix.Fdatasync(fd)
+		} else {
+			err = unix.Fsync(fd)
+		}
 	}
 	if err = errors.Join(err, unix.Close(fd)); err != nil {
 		_ = os.Remove(tmp)
