@@ -217,10 +217,12 @@ func (s *state) ensureImage(d cloud.Disk) error {
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name
 // (remembered from its create in this process, else read from its record
-// first: diskNames) and its id, the record is read, then goes first, durably (the disk no longer exists),
-// then its name entry and its image (if it was ever attached); a crash in
-// between leaves an entry and an image that the next create of the name,
-// or Open, removes. The record file (and the name entry's, when the
+// first: diskNames) and its id, the record is read, the delete's intent is
+// journaled (durably, in a group commit: journal.go), then the record goes
+// first (the disk no longer exists), then its name entry and its image (if
+// it was ever attached), none of them fsynced: a kill in between leaves an
+// entry and an image that the next create of the name, or Open, removes,
+// and the first Open after a crash of the machine replays the delete. The record file (and the name entry's, when the
 // record was replaced since) becomes a spare for a later create (spare.go).
 // A detached disk has no loop device csid made (a detach releases it,
 // under the same lock as the node's binding); one bound by hand is not
