@@ -50,6 +50,7 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 			return err
 		}
 		if found {
+			leave() // logs no intent: no commit gathers for it
 			if d.SizeBytes != size {
 				return fmt.Errorf("disk name %q is taken by %s (%d bytes): %w", spec.Name, d.ID, d.SizeBytes, cloud.ErrAlreadyExists)
 			}
@@ -74,6 +75,9 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 		// before the record is in place.
 		return c.locked(ctx, func() error {
 			if d.Source != nil {
+				// A clone logs no intent, and copies for as long as it
+				// takes: no commit gathers for it.
+				leave()
 				op, err = c.cloneLocked(ctx, hash, d, started) // clone.go
 			} else {
 				op, err = c.createLocked(hash, d, started, leave)
