@@ -50,6 +50,7 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 			return err
 		}
 		if found {
+			leave() // logs no intent: no commit gathers for it
 			if d.SizeBytes != size {
 				return fmt.Errorf("disk name %q is taken by %s (%d bytes): %w", spec.Name, d.ID, d.SizeBytes, cloud.ErrAlreadyExists)
 			}
@@ -74,6 +75,9 @@ func (c *Cloud) CreateDisk(ctx context.Context, spec cloud.DiskSpec) (cloud.Oper
 		// before the record is in place.
 		return c.locked(ctx, func() error {
 			if d.Source != nil {
+				// A clone logs no intent, and copies for as long as it
+				// takes: no commit gathers for it.
+				leave()
 				op, err = c.cloneLocked(ctx, hash, d, started) // clone.go
 			} else {
 				op, err = c.createLocked(hash, d, started, leave)
@@ -217,10 +221,12 @@ func (s *state) ensureImage(d cloud.Disk) error {
 
 // DeleteDisk deletes a disk; see cloud.Cloud. Under the locks of its name
 // (remembered from its create in this process, else read from its record
-// first: diskNames) and its id, the record is read, then goes first, durably (the disk no longer exists),
-// then its name entry and its image (if it was ever attached); a crash in
-// between leaves an entry and an image that the next create of the name,
-// or Open, removes. The record file (and the name entry's, when the
+// first: diskNames) and its id, the record is read, the delete's intent is
+// journaled (durably, in a group commit: journal.go), then the record goes
+// first (the disk no longer exists), then its name entry and its image (if
+// it was ever attached), none of them fsynced: a kill in between leaves an
+// entry and an image that the next create of the name, or Open, removes,
+// and the first Open after a crash of the machine replays the delete. The record file (and the name entry's, when the
 // record was replaced since) becomes a spare for a later create (spare.go).
 // A detached disk has no loop device csid made (a detach releases it,
 // under the same lock as the node's binding); one bound by hand is not

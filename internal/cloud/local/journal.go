@@ -312,21 +312,6 @@ func (j *journal) close() error {
 	return j.ckErr
 }
 
-// writeAt writes b at offset off of the open file fd.
-func writeAt(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(fd, b, off)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		b, off = b[n:], off+int64(n)
-	}
-	return nil
-}
-
 func fdatasyncFD(fd int) error {
 	for {
 		err := unix.Fdatasync(fd)
@@ -359,16 +344,12 @@ func (f journalFile) foreign(boot string) bool { return f.boot != "" && f.boot !
 // journals lists the journal files and their boots; a file without a
 // whole first line (a create a crash cut short) has boot "".
 func (s *state) journals() ([]journalFile, error) {
-	entries, err := os.ReadDir(s.journal)
+	paths, err := s.journalPaths()
 	if err != nil {
 		return nil, err
 	}
 	var files []journalFile
-	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), journalSuffix) || !e.Type().IsRegular() {
-			continue
-		}
-		path := filepath.Join(s.journal, e.Name())
+	for _, path := range paths {
 		boot, err := readJournalBoot(path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // checkpointed meanwhile
@@ -379,6 +360,21 @@ func (s *state) journals() ([]journalFile, error) {
 		files = append(files, journalFile{path: path, boot: boot})
 	}
 	return files, nil
+}
+
+// journalPaths lists the journal files, without reading them.
+func (s *state) journalPaths() ([]string, error) {
+	entries, err := os.ReadDir(s.journal)
+	if err != nil {
+		return nil, err
+	}
+	var paths []string
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), journalSuffix) && e.Type().IsRegular() {
+			paths = append(paths, filepath.Join(s.journal, e.Name()))
+		}
+	}
+	return paths, nil
 }
 
 func readJournalBoot(path string) (string, error) {
@@ -570,18 +566,19 @@ func (s *state) redoDelete(in intent) error {
 // crash of the machine, ended them, and what they changed is in the page
 // cache.
 func (s *state) settleJournals() error {
-	files, err := s.journals()
+	// Whose a journal is, its lock says; its first line is not read.
+	paths, err := s.journalPaths()
 	if err != nil {
 		return err
 	}
 	synced := false
-	for _, f := range files {
-		fd, err := openNoEINTR(f.path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC)
+	for _, path := range paths {
+		fd, err := openNoEINTR(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC)
 		if errors.Is(err, unix.ENOENT) {
 			continue
 		}
 		if err != nil {
-			return &os.PathError{Op: "open", Path: f.path, Err: err}
+			return &os.PathError{Op: "open", Path: path, Err: err}
 		}
 		if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) != nil {
 			_ = unix.Close(fd) // its process is alive
@@ -594,7 +591,7 @@ func (s *state) settleJournals() error {
 			}
 			synced = true
 		}
-		err = os.Remove(f.path)
+		err = os.Remove(path)
 		_ = unix.Close(fd)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err

@@ -106,8 +106,8 @@ type Cloud struct {
 	ops  atomic.Int64 // operations recorded by this process, for pruning
 	// reflink: the state directory's file system clones files (copy.go).
 	reflink bool
-	// names: the name of each disk this process created or deleted
-	// lately, for DeleteDisk's locks (index.go).
+	// names: the name of each disk this process created and has not
+	// deleted, for DeleteDisk's locks (diskNames, index.go).
 	names diskNames
 }
 

@@ -436,18 +436,19 @@ func (s *state) recordFile(d cloud.Disk, durable bool) (string, error) {
 			return "", &os.PathError{Op: "open", Path: tmp, Err: err}
 		}
 	}
-	err = writeAll(fd, raw)
+	err = writeAt(fd, raw, 0)
 	if err == nil && size > int64(len(raw)) {
 		err = unix.Ftruncate(fd, int64(len(raw)))
 	}
-	if err == nil && !durable {
-		// A journaled create's (journal.go).
-	} else if err == nil && reused {
-		// The spare's inode and blocks are on the device: its new
-		// content and size are all there is to make durable.
-		err = unix.Fdatasync(fd)
-	} else if err == nil {
-		err = unix.Fsync(fd)
+	// Not durable: a journaled create's (journal.go).
+	if err == nil && durable {
+		if reused {
+			// The spare's inode and blocks are on the device: its new
+			// content and size are all there is to make durable.
+			err = unix.Fdatasync(fd)
+		} else {
+			err = unix.Fsync(fd)
+		}
 	}
 	if err = errors.Join(err, unix.Close(fd)); err != nil {
 		_ = os.Remove(tmp)
@@ -456,10 +457,10 @@ func (s *state) recordFile(d cloud.Disk, durable bool) (string, error) {
 	return tmp, nil
 }
 
-// writeAll writes b at the start of the open file fd.
-func writeAll(fd int, b []byte) error {
-	for off := 0; off < len(b); {
-		n, err := unix.Pwrite(fd, b[off:], int64(off))
+// writeAt writes b at offset off of the open file fd.
+func writeAt(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := unix.Pwrite(fd, b, off)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -469,7 +470,7 @@ func writeAll(fd int, b []byte) error {
 		if n == 0 {
 			return io.ErrShortWrite
 		}
-		off += n
+		b, off = b[n:], off+int64(n)
 	}
 	return nil
 }
