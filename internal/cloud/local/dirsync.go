@@ -77,10 +77,15 @@ func (d *dirSyncer) closeFD() {
 }
 
 // fsyncFD fsyncs the open file fd, again when a signal interrupts it.
-func fsyncFD(fd int) error {
+func fsyncFD(fd int) error { return uninterrupted(func() error { return unix.Fsync(fd) }) }
+
+// fdatasyncFD is fsyncFD's fdatasync.
+func fdatasyncFD(fd int) error { return uninterrupted(func() error { return unix.Fdatasync(fd) }) }
+
+// uninterrupted makes call again for as long as a signal interrupts it.
+func uninterrupted(call func() error) error {
 	for {
-		err := unix.Fsync(fd)
-		if !errors.Is(err, unix.EINTR) {
+		if err := call(); !errors.Is(err, unix.EINTR) {
 			return err
 		}
 	}

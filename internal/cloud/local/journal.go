@@ -312,15 +312,6 @@ func (j *journal) close() error {
 	return j.ckErr
 }
 
-func fdatasyncFD(fd int) error {
-	for {
-		err := unix.Fdatasync(fd)
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
-}
-
 // bootID is this boot's id.
 func bootID() (string, error) {
 	raw, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
