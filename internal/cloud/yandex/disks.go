@@ -273,7 +273,12 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskID string, tags map[stri
 	if err := apiError(err, "label disk "+diskID); err != nil {
 		return cloud.Operation{}, err
 	}
-	return c.operation(yop, cloud.OpTag, diskID, "")
+	op, err := c.operation(yop, cloud.OpTag, diskID, "")
+	if err != nil {
+		return cloud.Operation{}, err
+	}
+	op.ID = labelOpPrefix + op.ID
+	return op, nil
 }
 
 // AttachDisk starts attaching a disk to an instance, read-write, never
