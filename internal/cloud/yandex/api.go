@@ -37,9 +37,10 @@ type api struct {
 }
 
 // dialAPI finds the services' endpoints through the ApiEndpointService at
-// endpoint and connects to them: compute and operation with IAM tokens
-// from src on every call (per-call credentials), IAM's token service (for
-// a service-account key's exchange) and discovery without. opts (the
+// endpoint (a connection closed once they are known) and connects to
+// them: compute and operation with IAM tokens from src on every call
+// (per-call credentials), IAM's token service (for a service-account
+// key's exchange) without. opts (the
 // pacing interceptor among them) apply to every connection; plaintext is
 // for a fake API, never the real one.
 func dialAPI(ctx context.Context, endpoint string, plaintext bool, src iamTokenSource, opts []grpc.DialOption) (a *api, err error) {
@@ -53,19 +54,24 @@ func dialAPI(ctx context.Context, endpoint string, plaintext bool, src iamTokenS
 			_ = a.close()
 		}
 	}()
+	newClient := func(address string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+		return grpc.NewClient(address, append(append([]grpc.DialOption{transport}, opts...), extra...)...)
+	}
 	dial := func(address string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-		conn, err := grpc.NewClient(address, append(append([]grpc.DialOption{transport}, opts...), extra...)...)
+		conn, err := newClient(address, extra...)
 		if err != nil {
 			return nil, err
 		}
 		a.conns = append(a.conns, conn)
 		return conn, nil
 	}
-	discovery, err := dial(endpoint)
+	// Discovery is asked once: its connection is not kept.
+	discovery, err := newClient(endpoint)
 	if err != nil {
 		return nil, err
 	}
 	list, err := endpointpb.NewApiEndpointServiceClient(discovery).List(ctx, &endpointpb.ListApiEndpointsRequest{})
+	_ = discovery.Close()
 	if err != nil {
 		return nil, fmt.Errorf("endpoint discovery: %w", err)
 	}

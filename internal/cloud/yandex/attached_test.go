@@ -59,3 +59,35 @@ func TestAttachedGrowRefusalIsErrAttached(t *testing.T) {
 		t.Fatalf("a grow refused with the disk detached: %v, want ErrTransient", err)
 	}
 }
+
+// A label change is allowed on an attached disk (a deferred expand records
+// its target there): its operation failing is busy, worth another try,
+// never ErrAttached, though its metadata is a grow's too.
+func TestFailedLabelUpdateOfAttachedDiskIsTransient(t *testing.T) {
+	f, keyFile := StartFake(t, yandexfake.Options{})
+	if err := f.AddInstance("node-a", f.Zones()[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c := Open(t, FakeOptions(f, keyFile))
+	do := cloudtest.Done(t, c)
+	d := do(c.CreateDisk(ctx, cloud.DiskSpec{Name: "vol-1", SizeBytes: 1 << 30}))
+	do(c.AttachDisk(ctx, d.ID, "node-a"))
+
+	f.FailOperations(yandexfake.MethodDiskUpdate, codes.FailedPrecondition, 1)
+	op, err := c.UpdateDiskTags(ctx, d.ID, map[string]string{"csid.dev/resize-to": "2147483648"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitOperation(ctx, op.ID); !errors.Is(err, cloud.ErrTransient) || errors.Is(err, cloud.ErrAttached) {
+		t.Fatalf("a label update of an attached disk failed with FailedPrecondition: %v, want ErrTransient", err)
+	}
+	// Done, the same id reads the labels set.
+	op, err = c.UpdateDiskTags(ctx, d.ID, map[string]string{"csid.dev/resize-to": "2147483648"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.WaitOperation(ctx, op.ID); err != nil || got.Tags["csid.dev/resize-to"] != "2147483648" {
+		t.Fatalf("a label update of an attached disk: %+v, %v", got, err)
+	}
+}

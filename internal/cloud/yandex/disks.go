@@ -257,7 +257,7 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskID string, tags map[stri
 		return cloud.Operation{}, err
 	}
 	have, _ := labelsToTags(d.GetLabels())
-	merged, changed, err := cloud.MergeTags(have, tags)
+	merged, _, err := cloud.MergeTags(have, tags)
 	if err != nil {
 		return cloud.Operation{}, err
 	}
@@ -265,7 +265,8 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskID string, tags map[stri
 	if err != nil {
 		return cloud.Operation{}, err
 	}
-	if !changed && maps.Equal(labels, d.GetLabels()) {
+	// The labels are the tags reversibly: equal labels are unchanged tags.
+	if maps.Equal(labels, d.GetLabels()) {
 		return doneOp(cloud.OpTag, diskID, true), nil
 	}
 	yop, err := c.api.disks.Update(ctx, &computepb.UpdateDiskRequest{DiskId: diskID, Labels: labels,
@@ -273,7 +274,12 @@ func (c *Cloud) UpdateDiskTags(ctx context.Context, diskID string, tags map[stri
 	if err := apiError(err, "label disk "+diskID); err != nil {
 		return cloud.Operation{}, err
 	}
-	return c.operation(yop, cloud.OpTag, diskID, "")
+	op, err := c.operation(yop, cloud.OpTag, diskID, "")
+	if err != nil {
+		return cloud.Operation{}, err
+	}
+	op.ID = labelOpPrefix + op.ID
+	return op, nil
 }
 
 // AttachDisk starts attaching a disk to an instance, read-write, never

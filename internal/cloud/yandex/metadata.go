@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path"
 	"regexp"
 	"strings"
 	"time"
 )
 
 // Metadata reads what an instance knows of itself from the metadata
-// service: its id (the node id) and zone. Each read is bounded (a short
+// service: its id (the node id). Each read is bounded (a short
 // timeout per attempt, a few attempts with a growing pause), so a node
 // that is not on Yandex Compute fails at start-up within seconds, saying
 // so, instead of hanging.
@@ -42,19 +41,13 @@ func NewMetadata(url string) *Metadata {
 		attempts: metadataAttempts, pause: metadataPause}
 }
 
-// metadataValue is what an id or a zone may be: nothing that could be a
+// metadataValue is what an id may be: nothing that could be a
 // path or carry a control character.
 var metadataValue = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
 // InstanceID is this instance's id.
 func (m *Metadata) InstanceID(ctx context.Context) (string, error) {
 	return m.value(ctx, "instance/id")
-}
-
-// Zone is this instance's zone, e.g. ru-central1-a (the service answers
-// projects/<folder>/zones/<zone>, as GCE's does; the last element is it).
-func (m *Metadata) Zone(ctx context.Context) (string, error) {
-	return m.value(ctx, "instance/zone")
 }
 
 // value reads computeMetadata/v1/<key>, retrying what may pass (a network
@@ -73,9 +66,9 @@ func (m *Metadata) value(ctx context.Context, key string) (string, error) {
 		}
 		raw, retry, err := m.get(ctx, url)
 		if err == nil {
-			v := path.Base(strings.TrimSpace(raw))
+			v := strings.TrimSpace(raw)
 			if !metadataValue.MatchString(v) {
-				return "", fmt.Errorf("metadata %s: the service answered %q, which is no %s", key, raw, path.Base(key))
+				return "", fmt.Errorf("metadata %s: the service answered %q, not an id", key, raw)
 			}
 			return v, nil
 		}

@@ -30,8 +30,6 @@ func metadataStub(t *testing.T, fail int32, failStatus int) (*httptest.Server, *
 		switch r.URL.Path {
 		case "/computeMetadata/v1/instance/id":
 			w.Write([]byte("fhm0instance00000001"))
-		case "/computeMetadata/v1/instance/zone":
-			w.Write([]byte("projects/b1gfolder0000000000001/zones/ru-central1-b\n"))
 		default:
 			http.NotFound(w, r)
 		}
@@ -40,9 +38,9 @@ func metadataStub(t *testing.T, fail int32, failStatus int) (*httptest.Server, *
 	return srv, &calls
 }
 
-// The instance id and zone, with the header the service requires, after
+// The instance id, with the header the service requires, after
 // a few answers that may pass (a 5xx) are retried.
-func TestMetadataReadsIDAndZone(t *testing.T) {
+func TestMetadataReadsID(t *testing.T) {
 	srv, calls := metadataStub(t, 2, http.StatusServiceUnavailable)
 	m := NewMetadata(srv.URL + "/")
 	m.pause = time.Millisecond
@@ -53,10 +51,6 @@ func TestMetadataReadsIDAndZone(t *testing.T) {
 	}
 	if calls.Load() != 3 {
 		t.Fatalf("%d requests, want 2 failed and 1 answered", calls.Load())
-	}
-	zone, err := m.Zone(ctx)
-	if err != nil || zone != "ru-central1-b" {
-		t.Fatalf("zone %q, %v", zone, err)
 	}
 }
 
@@ -74,7 +68,7 @@ func TestMetadataBounded(t *testing.T) {
 	srv, calls = metadataStub(t, 100, http.StatusInternalServerError)
 	m = NewMetadata(srv.URL)
 	m.pause = time.Millisecond
-	if _, err := m.Zone(context.Background()); err == nil || calls.Load() != metadataAttempts {
+	if _, err := m.InstanceID(context.Background()); err == nil || calls.Load() != metadataAttempts {
 		t.Fatalf("a 500 for ever: %v after %d requests, want an error after %d", err, calls.Load(), metadataAttempts)
 	}
 
@@ -97,7 +91,7 @@ func TestMetadataBounded(t *testing.T) {
 
 // An answer that is no id (a path, a control character) is refused.
 func TestMetadataRefusesMalformedValues(t *testing.T) {
-	for _, body := range []string{"", "..", "a b", "fhm\x00x", strings.Repeat("a", 200)} {
+	for _, body := range []string{"", "..", "a/b", "a b", "fhm\x00x", strings.Repeat("a", 200)} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(body)) }))
 		m := NewMetadata(srv.URL)
 		if v, err := m.InstanceID(context.Background()); err == nil {
@@ -120,10 +114,6 @@ func TestMetadataOfTheFake(t *testing.T) {
 	id, err := m.InstanceID(context.Background())
 	if err != nil || id != "fhm0instance00000001" {
 		t.Fatalf("instance id %q, %v", id, err)
-	}
-	zone, err := m.Zone(context.Background())
-	if err != nil || zone != "ru-central1-d" {
-		t.Fatalf("zone %q, %v", zone, err)
 	}
 }
 

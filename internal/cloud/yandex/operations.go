@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	computepb "github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
@@ -25,6 +26,12 @@ import (
 const diskOpPrefix = "csid."
 
 var diskOpPattern = regexp.MustCompile(`^csid\.(create|delete|attach|detach|resize|tag)\.([a-z][a-z0-9]{19})$`)
+
+// labelOpPrefix starts the id of the Yandex operation of a label change
+// ("csid.labels.<operation id>"): its metadata, UpdateDiskMetadata, is a
+// grow's too, and a label change, allowed on an attached disk, never fails
+// for the disk's attachment (ErrAttached), as a grow may.
+const labelOpPrefix = diskOpPrefix + "labels."
 
 // maxPoll bounds the pause between two polls of an operation.
 const maxPoll = 5 * time.Second
@@ -55,17 +62,18 @@ func (c *Cloud) WaitOperation(ctx context.Context, opID string) (cloud.Disk, err
 	if m := diskOpPattern.FindStringSubmatch(opID); m != nil {
 		return c.waitDisk(ctx, cloud.OpKind(m[1]), m[2])
 	}
-	if !idPattern.MatchString(opID) {
+	yid, labels := strings.CutPrefix(opID, labelOpPrefix)
+	if !idPattern.MatchString(yid) {
 		return cloud.Disk{}, fmt.Errorf("operation id %q is not a Yandex operation id: %w", opID, cloud.ErrNotFound)
 	}
 	pause := c.opts.PollInterval
 	for {
-		op, err := c.api.operations.Get(ctx, &operationpb.GetOperationRequest{OperationId: opID})
+		op, err := c.api.operations.Get(ctx, &operationpb.GetOperationRequest{OperationId: yid})
 		if err != nil {
-			return cloud.Disk{}, apiError(err, "get operation "+opID)
+			return cloud.Disk{}, apiError(err, "get operation "+yid)
 		}
 		if op.GetDone() {
-			return c.result(ctx, op)
+			return c.result(ctx, op, labels)
 		}
 		if err := sleepCtx(ctx, pause); err != nil {
 			return cloud.Disk{}, err
@@ -75,10 +83,14 @@ func (c *Cloud) WaitOperation(ctx context.Context, opID string) (cloud.Disk, err
 }
 
 // result is what a finished operation left: the disk, or its error.
-func (c *Cloud) result(ctx context.Context, op *operationpb.Operation) (cloud.Disk, error) {
+// labels says the operation is a label change (see labelOpPrefix).
+func (c *Cloud) result(ctx context.Context, op *operationpb.Operation, labels bool) (cloud.Disk, error) {
 	kind, diskID, nodeID, err := describe(op)
 	if err != nil {
 		return cloud.Disk{}, err
+	}
+	if labels && kind == cloud.OpResize {
+		kind = cloud.OpTag
 	}
 	if e := op.GetError(); e != nil {
 		err := apiError(status.ErrorProto(e), fmt.Sprintf("operation %s (%s of disk %s)", op.GetId(), kind, diskID))
@@ -119,8 +131,9 @@ func describe(op *operationpb.Operation) (kind cloud.OpKind, diskID, nodeID stri
 	case md.MessageIs(&computepb.CreateDiskMetadata{}):
 		m, kind = new(computepb.CreateDiskMetadata), cloud.OpCreate
 	case md.MessageIs(&computepb.UpdateDiskMetadata{}):
-		// A grow or a change of labels: the metadata does not say which;
-		// both read back the same (the disk the response holds).
+		// A grow or a change of labels: the metadata does not say which
+		// (the id csid gives a label change does, labelOpPrefix); both
+		// read back the same (the disk the response holds).
 		m, kind = new(computepb.UpdateDiskMetadata), cloud.OpResize
 	case md.MessageIs(&computepb.DeleteDiskMetadata{}):
 		m, kind = new(computepb.DeleteDiskMetadata), cloud.OpDelete

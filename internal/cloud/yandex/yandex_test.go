@@ -146,7 +146,7 @@ func TestOnlyItsOwnDisks(t *testing.T) {
 
 // IAM tokens are renewed before they expire: calls made back to back
 // across several token lifetimes never reach the API with a token that
-// expired in flight (the SDK alone uses a token up to its last instant).
+// expired in flight (renewAt renews a fifth of a token's life early).
 func TestTokensRenewBeforeTheyExpire(t *testing.T) {
 	f, key := startFake(t, yandexfake.Options{})
 	f.SetTokenTTL(300 * time.Millisecond)
