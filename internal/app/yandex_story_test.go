@@ -23,8 +23,8 @@ import (
 
 // The Yandex stories run csid in-process (app.Run, the real wiring of
 // --cloud yandex) against a fake of the Yandex API (yandexfake: the
-// vendor's generated gRPC services, reached through the Yandex SDK over a
-// real connection). Each instance csid runs on is simulated by a loop
+// vendor's generated gRPC services, reached through the backend's
+// generated clients over a real connection). Each instance csid runs on is simulated by a loop
 // node: a disk attached to it becomes a loop device bound to an image
 // named after the disk id, linked from a by-id directory the test owns, as
 // virtio-<disk id>; csid proves a device by its loop backing file's name
@@ -188,12 +188,14 @@ func TestOfflineResizeStoryOnYandex(t *testing.T) {
 // which answers as Yandex's does): NodeGetInfo names the instance and the
 // zone the Compute API has it in, under topology.kubernetes.io/zone (not
 // the metadata's zone, which this test makes another, nor --zone, which is
-// not read on Yandex), and the node's limit is the instance's disks.
+// not read on Yandex), and the node's limit is --yandex-max-disks (the API
+// does not say how many disks an instance holds: the fake's instance here
+// holds more).
 func TestNodeIDFromTheMetadataService(t *testing.T) {
 	dir := apptest.ShortTempDir(t)
 	y := newYandexCloud(t, dir)
 	const instance, zone = "fhm0metadata00000001", yandexZone
-	node := y.instance(t, instance, 6)
+	node := y.instance(t, instance, 8)
 	srv := y.fake.MetadataServer(instance, "ru-central1-x", y.fake.FolderID())
 	o := y.options(node, "", 6)
 	o.Zone, o.Mode, o.StateDir, o.Endpoint = "zone-ignored", driver.ModeNode, dir, "unix://"+dir+"/csi.sock"

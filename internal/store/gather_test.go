@@ -61,6 +61,9 @@ func TestLeaderGathersAfterASharedCommit(t *testing.T) {
 			update("d", nil)
 			if tc.arrives {
 				waitFor(t, "d queued", func() bool { return queued(s) == 1 })
+				// Long after a yield: only the gather's wait keeps d
+				// from committing alone meanwhile.
+				time.Sleep(50 * time.Millisecond)
 				update("e", nil)
 			}
 			wg.Wait()

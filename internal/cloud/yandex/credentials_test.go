@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // The private key of a service-account key parses as Yandex writes it (a
@@ -102,5 +104,29 @@ func TestSignedJWT(t *testing.T) {
 	digest := sha256.Sum256([]byte(parts[0] + "." + parts[1]))
 	if err := rsa.VerifyPSS(&k.PublicKey, crypto.SHA256, digest[:], sig, &rsa.PSSOptions{SaltLength: rsa.PSSSaltLengthEqualsHash}); err != nil {
 		t.Errorf("signature: %v", err)
+	}
+}
+
+// A token is used until a fifth of its remaining life before it expires,
+// at most ten minutes early; an answer without a valid expiry is renewed
+// within a minute.
+func TestRenewAt(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		expiresIn   time.Duration
+		wantEarlyBy time.Duration
+	}{
+		{"a real token's 12 hours", 12 * time.Hour, 10 * time.Minute},
+		{"10 minutes", 10 * time.Minute, 2 * time.Minute},
+		{"5 seconds", 5 * time.Second, time.Second},
+	} {
+		expires := time.Now().Add(tc.expiresIn)
+		got := renewAt(timestamppb.New(expires)).AsTime()
+		if d := expires.Sub(got) - tc.wantEarlyBy; d < -50*time.Millisecond || d > 50*time.Millisecond {
+			t.Errorf("%s: renewed %s before expiry, want %s", tc.name, expires.Sub(got), tc.wantEarlyBy)
+		}
+	}
+	if got := time.Until(renewAt(nil).AsTime()); got <= 0 || got > time.Minute {
+		t.Errorf("no expiry: renewed in %s, want within a minute", got)
 	}
 }

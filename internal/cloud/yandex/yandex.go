@@ -172,7 +172,8 @@ func (c *Cloud) String() string {
 // Zones lists the zones csid makes disks in, the default first.
 func (c *Cloud) Zones() []string { return slices.Clone(c.zones) }
 
-// MaxDiskBytes is the largest disk Yandex makes.
+// MaxDiskBytes is the largest disk csid makes on Yandex (the largest the
+// API grows a disk to).
 func (c *Cloud) MaxDiskBytes() int64 { return MaxDiskBytes }
 
 // GrowsAttached is false: csid grows Yandex disks while detached (see the
