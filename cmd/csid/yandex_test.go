@@ -45,16 +45,13 @@ func newYandexRig(t *testing.T) *yandexRig {
 	if err := f.AddInstance("node-1", yandexZone, 0); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := f.NewServiceAccountKey()
+	r := &yandexRig{fake: f, dir: apptest.ShortTempDir(t)}
+	r.keyFile = filepath.Join(r.dir, "key.json")
+	raw, err := f.WriteServiceAccountKey(r.keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &yandexRig{fake: f, dir: apptest.ShortTempDir(t)}
 	if err := json.Unmarshal(raw, &r.key); err != nil {
-		t.Fatal(err)
-	}
-	r.keyFile = filepath.Join(r.dir, "key.json")
-	if err := os.WriteFile(r.keyFile, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	r.socket = filepath.Join(r.dir, "csi.sock")

@@ -49,12 +49,8 @@ func newYandexCloud(t *testing.T, dir string) *yandexCloud {
 		t.Fatal(err)
 	}
 	t.Cleanup(f.Close)
-	key, err := f.NewServiceAccountKey()
-	if err != nil {
-		t.Fatal(err)
-	}
 	y := &yandexCloud{fake: f, keyFile: filepath.Join(dir, "key.json"), dir: dir}
-	if err := os.WriteFile(y.keyFile, key, 0o600); err != nil {
+	if _, err := f.WriteServiceAccountKey(y.keyFile); err != nil {
 		t.Fatal(err)
 	}
 	return y

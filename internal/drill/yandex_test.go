@@ -2,7 +2,6 @@ package drill
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -66,12 +65,8 @@ func openYandexCell(ctx context.Context, dir string) (_ *CellCloud, err error) {
 	if err != nil {
 		return nil, err
 	}
-	key, err := f.NewServiceAccountKey()
-	if err != nil {
-		return nil, err
-	}
 	keyFile := filepath.Join(dir, "key.json")
-	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+	if _, err := f.WriteServiceAccountKey(keyFile); err != nil {
 		return nil, err
 	}
 	c, err := yandex.New(ctx, yandex.Options{Endpoint: f.Endpoint(), Insecure: true, FolderID: f.FolderID(), KeyFile: keyFile,

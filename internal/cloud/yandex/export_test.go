@@ -2,7 +2,6 @@ package yandex
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,12 +18,8 @@ func StartFake(t *testing.T, opts yandexfake.Options) (*yandexfake.Fake, string)
 		t.Fatal(err)
 	}
 	t.Cleanup(f.Close)
-	key, err := f.NewServiceAccountKey()
-	if err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(t.TempDir(), "key.json")
-	if err := os.WriteFile(path, key, 0o600); err != nil {
+	if _, err := f.WriteServiceAccountKey(path); err != nil {
 		t.Fatal(err)
 	}
 	return f, path

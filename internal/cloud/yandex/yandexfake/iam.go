@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -44,6 +45,21 @@ type KeyFile struct {
 	KeyAlgorithm     string `json:"key_algorithm"`
 	PublicKey        string `json:"public_key"`
 	PrivateKey       string `json:"private_key"`
+}
+
+// WriteServiceAccountKey issues a key of a new service account
+// (NewServiceAccountKey) and writes its key file at path, readable by its
+// owner only, as a mounted Secret would hold it; it returns the file's
+// content too.
+func (f *Fake) WriteServiceAccountKey(path string) ([]byte, error) {
+	raw, err := f.NewServiceAccountKey()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		return nil, fmt.Errorf("yandexfake: write the key file: %w", err)
+	}
+	return raw, nil
 }
 
 // NewServiceAccountKey issues a key of a new service account and returns

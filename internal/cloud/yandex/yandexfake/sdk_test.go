@@ -2,7 +2,6 @@ package yandexfake_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,12 +18,8 @@ import (
 // disk created and waited for with the SDK's operation helper.
 func TestSDK(t *testing.T) {
 	f, ctx := startFake(t, yandexfake.Options{})
-	raw, err := f.NewServiceAccountKey()
-	if err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(t.TempDir(), "key.json")
-	if err := os.WriteFile(path, raw, 0o600); err != nil {
+	if _, err := f.WriteServiceAccountKey(path); err != nil {
 		t.Fatal(err)
 	}
 	key, err := iamkey.ReadFromJSONFile(path)
