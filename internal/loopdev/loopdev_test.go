@@ -480,3 +480,124 @@ func TestListSizedReadsOnlyListedLoops(t *testing.T) {
 		t.Fatalf("listSized without a partitions list = %v, %v; want every loop in sysfs", numbers(got), err)
 	}
 }
+
+// TestZeroedReadsTheBackingFilesMap binds sparse files on each file system
+// Zeroed relies on, with and without direct I/O, and checks that it says
+// zero exactly while the file has no data in the range the device maps:
+// a byte written to the file in the range, or through the device's page
+// cache and not yet written back, is data; a byte beyond the size limit is
+// not the device's. Where it cannot tell (a file system it does not rely
+// on or that maps no holes, a deleted backing file, no loop device), it
+// says false.
+func TestZeroedReadsTheBackingFilesMap(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, fsType := range []string{"ext4", "xfs", "tmpfs"} {
+		dir := testutil.MountFS(t, fsType, 512*mib)
+		for _, dio := range []bool{true, false} {
+			t.Run(fsType+map[bool]string{true: "/direct", false: "/buffered"}[dio], func(t *testing.T) {
+				sub, err := os.MkdirTemp(dir, "zeroed-")
+				if err != nil {
+					t.Fatal(err)
+				}
+				zeroed := func(t *testing.T, f *os.File) *os.File {
+					t.Helper()
+					d := attach(t, f, idOf(t, f), Options{SizeLimit: 8 * mib, DirectIO: dio})
+					dev, err := os.OpenFile(d.Path, os.O_RDWR, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { dev.Close() })
+					if zero, err := Zeroed(dev, 8*mib); err != nil || !zero {
+						t.Fatalf("a sparse file: Zeroed = %v, %v; want true", zero, err)
+					}
+					return dev
+				}
+
+				f, _ := sparseFileIn(t, sub, 16*mib)
+				dev := zeroed(t, f)
+				if _, err := f.WriteAt([]byte{1}, 12*mib); err != nil {
+					t.Fatal(err)
+				}
+				if zero, err := Zeroed(dev, 8*mib); err != nil || !zero {
+					t.Errorf("data beyond the size limit: Zeroed = %v, %v; want true", zero, err)
+				}
+				if _, err := f.WriteAt([]byte{1}, 5*mib); err != nil {
+					t.Fatal(err)
+				}
+				if zero, err := Zeroed(dev, 8*mib); err != nil || zero {
+					t.Errorf("a byte written to the file at 5 MiB: Zeroed = %v, %v; want false", zero, err)
+				}
+
+				// Through the device's page cache, never synced.
+				g, err := os.OpenFile(filepath.Join(sub, "cached.img"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+				if err == nil {
+					err = g.Truncate(16 * mib)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer g.Close()
+				dev = zeroed(t, g)
+				if _, err := dev.WriteAt([]byte{1}, 3*mib); err != nil {
+					t.Fatal(err)
+				}
+				if zero, err := Zeroed(dev, 8*mib); err != nil || zero {
+					t.Errorf("a byte written through the device, not synced: Zeroed = %v, %v; want false", zero, err)
+				}
+			})
+		}
+	}
+
+	t.Run("cannot tell", func(t *testing.T) {
+		ramfs := t.TempDir()
+		if err := unix.Mount("ramfs", ramfs, "ramfs", 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(ramfs, 0) })
+		onRamfs, _ := sparseFileIn(t, ramfs, 16*mib)
+		deleted, _ := sparseFile(t, 16*mib)
+		// ramfs maps no holes: its SEEK_DATA finds data everywhere.
+		cases := map[string]*os.File{"a file on ramfs": onRamfs, "a deleted backing file": deleted}
+		for name, f := range cases {
+			d := attach(t, f, idOf(t, f), Options{})
+			if name == "a deleted backing file" {
+				if err := os.Remove(f.Name()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dev, err := os.Open(d.Path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Close()
+			if zero, err := Zeroed(dev, 16*mib); err != nil || zero {
+				t.Errorf("%s: Zeroed = %v, %v; want false", name, zero, err)
+			}
+		}
+		null, err := os.Open("/dev/null")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer null.Close()
+		plain, _ := sparseFile(t, mib)
+		for _, f := range []*os.File{null, plain} {
+			if zero, err := Zeroed(f, mib); err != nil || zero {
+				t.Errorf("%s, no loop device: Zeroed = %v, %v; want false", f.Name(), zero, err)
+			}
+		}
+	})
+}
+
+// idOf is the identity of the open file f.
+func idOf(t *testing.T, f *os.File) FileID {
+	t.Helper()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := IDOf(fi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}

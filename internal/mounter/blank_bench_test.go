@@ -2,7 +2,9 @@ package mounter
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -14,7 +16,9 @@ import (
 // each time (a new sparse image on a new loop device, as a stage sees it):
 // the blank check, and the probe before it (a read of the first MiB, then
 // blkid -p), on buffered loop devices; and the blank check on loop devices
-// bound with direct I/O, as the local backend binds them (check-directio).
+// bound with direct I/O, as the local backend binds them (check-directio),
+// and the check by the backing file's map there (map-directio), which
+// reads nothing.
 func BenchmarkBlankProbe(b *testing.B) {
 	testutil.RequireRoot(b)
 	probes := map[string]func(dev string) error{
@@ -34,10 +38,17 @@ func BenchmarkBlankProbe(b *testing.B) {
 		},
 	}
 	probes["check-directio"] = probes["check"]
-	for _, name := range []string{"check", "check-directio", "before"} {
+	probes["map-directio"] = func(dev string) error {
+		zero, err := zeroByItsMap(dev)
+		if err == nil && !zero {
+			err = fmt.Errorf("%s: a fresh sparse image, not zero by its map", dev)
+		}
+		return err
+	}
+	for _, name := range []string{"check", "check-directio", "map-directio", "before"} {
 		b.Run(name, func(b *testing.B) {
 			sb := newSandbox(b)
-			sb.bind.DirectIO = name == "check-directio"
+			sb.bind.DirectIO = strings.HasSuffix(name, "-directio")
 			for b.Loop() {
 				b.StopTimer()
 				dev := sb.device(64 * mib)

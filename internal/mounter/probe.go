@@ -18,8 +18,11 @@ import (
 // non-zero size that reads successfully wherever blkid would read it,
 // bypassing the page cache when the device allows (blank.go). When every
 // byte read there is zero, the device is blank, and blkid is not run: it
-// could find nothing (blank.go says why). Otherwise blkid decides, and its
-// exit 2 means blank. Any other failure is ErrProbeFailed.
+// could find nothing (blank.go says why). A loop device whose backing file
+// has no data in the range it maps is blank without a read: every byte of
+// it is zero, as the file system's map of the file shows (zeroByItsMap).
+// Otherwise blkid decides, and its exit 2 means blank. Any other failure
+// is ErrProbeFailed.
 //
 // A partition table is reported as "partition table (<type>)", and a
 // signature without a type as "unknown": neither is blank, and neither is a
@@ -31,7 +34,10 @@ func (m *Linux) Filesystem(ctx context.Context, device string) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	zero, err := zeroWhereBlkidLooks(device)
+	zero, err := zeroByItsMap(device)
+	if err == nil && !zero {
+		zero, err = zeroWhereBlkidLooks(device)
+	}
 	if err != nil {
 		return "", fmt.Errorf("probe %s: %v: %w", device, err, ErrProbeFailed)
 	}
