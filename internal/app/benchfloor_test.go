@@ -28,11 +28,12 @@ func mkfsFloorConfig(t *testing.T, socket, floorDir string) bench.Config {
 
 // TestBenchMkfsFloor: as root, with the lifecycle phase and mount volumes,
 // each round measures the mkfs+mount floor (every sample formats and
-// mounts a real image on a real loop device in --floor-dir) right before
-// the lifecycle, and reports it in the floor, in the summary and as the
-// lifecycle's NodeStageVolume p50 over it, round by round. Afterwards
-// nothing of it is left: no file in the floor directory, no loop device
-// bound to a file under it, no mount under it.
+// mounts a real image on a real loop device in --floor-dir) between the
+// units of the lifecycle's lane of concurrency 1, and reports it after the
+// lifecycle, in the floor, in the summary and as the lifecycle's
+// NodeStageVolume p50 over it, round by round. Afterwards nothing of it
+// is left: no file in the floor directory, no loop device bound to a file
+// under it, no mount under it.
 func TestBenchMkfsFloor(t *testing.T) {
 	testutil.RequireRoot(t)
 	in, _ := startFake(t, fake.New(fake.Options{Zones: []string{"fake"}}), nil)
@@ -63,7 +64,7 @@ func TestBenchMkfsFloor(t *testing.T) {
 			t.Errorf("round %d: mkfs %+v, mount %+v, both %+v", r.Round, mkfs, mount, whole)
 		}
 	}
-	round := []string{"floor Probe+bbolt.Update", "floor mkfs+mount", "lifecycle lifecycle", "lifecycle lifecycle"}
+	round := []string{"floor Probe+bbolt.Update", "lifecycle lifecycle", "lifecycle lifecycle", "floor mkfs+mount"}
 	if want := append(slices.Clone(round), round...); !slices.Equal(order, want) {
 		t.Errorf("results %v, want %v", order, want)
 	}
@@ -140,12 +141,15 @@ func TestBenchMkfsFloorFailsCleanly(t *testing.T) {
 
 // TestBenchMkfsFloorInterrupted: a run stopped (Ctrl-C) while it measures
 // the mkfs+mount floor stops between samples, lets a running mkfs or mount
-// finish, and leaves nothing of the floor behind.
+// finish, and leaves nothing of the floor behind. With no lifecycle lane
+// of concurrency 1, the floor's samples are taken back to back, before the
+// lifecycle.
 func TestBenchMkfsFloorInterrupted(t *testing.T) {
 	testutil.RequireRoot(t)
 	in, _ := startFake(t, fake.New(fake.Options{Zones: []string{"fake"}}), nil)
 	floorDir := t.TempDir()
 	cfg := mkfsFloorConfig(t, in.Socket, floorDir)
+	cfg.Concurrency = []int{2}
 	cfg.MkfsFloorSamples = 10000 // minutes: the interruption comes first
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -122,12 +122,16 @@ type Config struct {
 	// system to compare like with like.
 	FloorDir string
 	// MkfsFloorSamples is the mkfs+mount samples of the floor per round
-	// (default 10; negative: none). Each binds a sparse file of SizeBytes in
-	// FloorDir to a loop device, formats it as csid does (mkfs.FsType with
-	// csid's options) and mounts it (mount(8), csid's arguments): the timed
-	// part; then unmounts it, releases the device and removes the file. It
-	// is measured only as root, when the lifecycle phase runs with the
-	// mount access type (Report.Floor.MkfsMountAbsent says why not).
+	// (default 24, at most Count; negative: none). Each binds a sparse file
+	// of SizeBytes in FloorDir to a loop device, formats it as csid does
+	// (mkfs.FsType with csid's options) and mounts it (mount(8), csid's
+	// arguments): the timed part; then unmounts it, releases the device and
+	// removes the file. The samples are taken between the lifecycle's units
+	// at concurrency 1, spread evenly, and the lifecycle's time leaves them
+	// out (floorBetween); with no such lane, back to back before the
+	// lifecycle. It is measured only as root, when the lifecycle phase runs
+	// with the mount access type (Report.Floor.MkfsMountAbsent says why
+	// not).
 	MkfsFloorSamples int
 	// JournalDir keeps the journals of runs (default
 	// $XDG_CACHE_HOME/csid-bench, or ~/.cache/csid-bench).
@@ -200,7 +204,7 @@ func (c *Config) defaults() error {
 		c.FloorSamples = 200
 	}
 	if c.MkfsFloorSamples == 0 {
-		c.MkfsFloorSamples = 10
+		c.MkfsFloorSamples = 24
 	}
 	if c.FloorDir == "" {
 		c.FloorDir = os.TempDir()
@@ -477,11 +481,15 @@ func (r *runner) rounds(ctx context.Context, id string) (err error) {
 			if !slices.Contains(r.cfg.Phases, p) || ctx.Err() != nil {
 				continue
 			}
+			var between *floorBetween
 			if p == PhaseLifecycle && mf != nil {
-				r.add(r.mkfsFloor(ctx, round, mf))
+				between = r.newFloorBetween(ctx, round, mf, lanes)
 			}
-			for _, res := range r.phase(ctx, p, round, lanes) {
+			for _, res := range r.phase(ctx, p, round, lanes, between) {
 				r.add(res)
+			}
+			if between != nil {
+				r.add(between.result())
 			}
 		}
 	}
@@ -494,7 +502,7 @@ func (r *runner) add(res Result) {
 
 // phase runs one phase on every lane; it returns a result per lane (per
 // lane and number of existing volumes for scale).
-func (r *runner) phase(ctx context.Context, p Phase, round int, lanes []lane) []Result {
+func (r *runner) phase(ctx context.Context, p Phase, round int, lanes []lane, between *floorBetween) []Result {
 	base := Result{Phase: string(p), Round: round, Count: r.cfg.Count}
 	switch p {
 	case PhaseProbe:
@@ -537,7 +545,13 @@ func (r *runner) phase(ctx context.Context, p Phase, round int, lanes []lane) []
 		})
 	case PhaseLifecycle:
 		base.Unit = "lifecycle"
-		return r.measure(ctx, base, lanes, r.lifecycle)
+		return r.measure(ctx, base, lanes, func(ctx context.Context, s *samples, ln lane, i int) error {
+			err := r.lifecycle(ctx, s, ln, i)
+			if err == nil && between != nil {
+				between.after(ctx, s, ln, i)
+			}
+			return err
+		})
 	case PhaseScale:
 		return r.scale(ctx, base, lanes)
 	}
@@ -719,6 +733,7 @@ func (r *runner) measure(ctx context.Context, base Result, lanes []lane, unit fu
 	for i, a := range accs {
 		res := base
 		res.Concurrency, res.Baseline, res.Count, res.Errors = lanes[i].conc, lanes[i].ep.baseline, a.done, a.failed
+		a.elapsed = a.s.timed(a.elapsed)
 		res.ElapsedSeconds = a.elapsed.Seconds()
 		if a.elapsed > 0 {
 			res.OpsPerSecond = float64(a.done-a.failed) / a.elapsed.Seconds()

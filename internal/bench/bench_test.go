@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestMeasureInterleavesLanes: a measurement on two endpoints at two
@@ -41,5 +42,40 @@ func TestMeasureInterleavesLanes(t *testing.T) {
 	wantOrder := []string{"c1 baseline=false count=4", "c1 baseline=true count=4", "c2 baseline=false count=4", "c2 baseline=true count=4"}
 	if !slices.Equal(order, wantOrder) {
 		t.Errorf("results %v, want %v", order, wantOrder)
+	}
+}
+
+// TestFloorBetweenIsSpreadEvenly: the mkfs+mount floor's samples follow n
+// of a lifecycle's units, evenly spaced, the last unit among them; with
+// more samples asked for than units, one follows every unit.
+func TestFloorBetweenIsSpreadEvenly(t *testing.T) {
+	for _, tc := range []struct{ n, count int }{{10, 48}, {24, 48}, {48, 48}, {3, 4}, {1, 7}} {
+		b := &floorBetween{n: tc.n, count: tc.count}
+		var after []int
+		for i := range tc.count {
+			if b.due(i) {
+				after = append(after, i)
+			}
+		}
+		if len(after) != tc.n || after[len(after)-1] != tc.count-1 {
+			t.Errorf("%d samples over %d units follow units %v", tc.n, tc.count, after)
+			continue
+		}
+		for k := 1; k < len(after); k++ {
+			if gap := after[k] - after[k-1]; gap < tc.count/tc.n || gap > (tc.count+tc.n-1)/tc.n {
+				t.Errorf("%d samples over %d units: gap %d between units %d and %d", tc.n, tc.count, gap, after[k-1], after[k])
+			}
+		}
+	}
+}
+
+// TestLeftOutTimeIsNotTimed: what a unit leaves out is not in the
+// measurement's elapsed time.
+func TestLeftOutTimeIsNotTimed(t *testing.T) {
+	s := newSamples()
+	s.leaveOut(3 * time.Second)
+	s.leaveOut(2 * time.Second)
+	if got := s.timed(12 * time.Second); got != 7*time.Second {
+		t.Fatalf("timed = %v, want 7s", got)
 	}
 }

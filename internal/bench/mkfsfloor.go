@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -83,22 +84,114 @@ func (r *runner) mkfsFloorAbsent() string {
 	return ""
 }
 
-// mkfsFloor measures the mkfs+mount floor of a round: MkfsFloorSamples
-// samples at concurrency 1, right before the round's lifecycle phase.
+// mkfsFloor measures the mkfs+mount floor of a round back to back:
+// MkfsFloorSamples samples at concurrency 1, right before the round's
+// lifecycle phase. It is the floor of a lifecycle phase with no lane of
+// concurrency 1 (see floorBetween).
 func (r *runner) mkfsFloor(ctx context.Context, round int, f *mkfsFloor) Result {
 	res := Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: methodMkfsMount, Count: r.cfg.MkfsFloorSamples}
 	return r.floorSamples(ctx, res, fmt.Sprintf("round %d floor mkfs+mount", round), func(s *samples) error {
-		mkfs, mount, err := f.sample(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			s.add(methodMkfsMount, 0, true)
-		case err == nil:
-			s.add(methodMkfsMount, mkfs+mount, false)
-			s.add(methodMkfs, mkfs, false)
-			s.add(methodMount, mount, false)
-		}
+		_, err := f.sampleInto(ctx, s)
 		return err
 	})
+}
+
+// sampleInto takes one sample and adds it to s: the timed unit and its two
+// parts, or a failure. It returns how long the whole sample took, its
+// set-up and undoing included.
+func (f *mkfsFloor) sampleInto(ctx context.Context, s *samples) (time.Duration, error) {
+	start := time.Now()
+	mkfs, mount, err := f.sample(ctx)
+	took := time.Since(start)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		s.add(methodMkfsMount, 0, true)
+	case err == nil:
+		s.add(methodMkfsMount, mkfs+mount, false)
+		s.add(methodMkfs, mkfs, false)
+		s.add(methodMount, mount, false)
+	}
+	return took, err
+}
+
+// floorBetween takes a round's mkfs+mount floor between the units of its
+// lifecycle phase: on the lane of concurrency 1 of the endpoint under
+// test, one sample after each of MkfsFloorSamples units spread evenly over
+// the phase, and the lifecycle's measurement leaves the samples' time out.
+// Each sample then meets the machine as that lane's NodeStageVolume calls
+// do, between the other calls of a lifecycle, not right after another
+// mkfs and mount: on a shared machine that matters. mkfs.ext4 of 64 MiB
+// took 1 to 1.5 ms longer after 20 ms asleep than back to back, and 3 ms
+// longer after 20 ms of a busy core, and a floor sampled back to back
+// before the lifecycle came out 0.6 to 1.1 ms under the same floor
+// sampled between its units, in the same runs (docs/benchmarks.md). With
+// no lane of concurrency 1 the floor is sampled back to back (mkfsFloor).
+type floorBetween struct {
+	r        *runner
+	f        *mkfsFloor
+	n, count int // samples, and the units they are spread over
+	res      Result
+	label    string
+
+	mu           sync.Mutex
+	s            *samples
+	done, failed int
+	elapsed      time.Duration
+}
+
+// newFloorBetween prepares the floor of round's lifecycle phase on lanes,
+// or returns nil when no lane is of concurrency 1 on the endpoint under
+// test: the floor is then sampled back to back, now.
+func (r *runner) newFloorBetween(ctx context.Context, round int, f *mkfsFloor, lanes []lane) *floorBetween {
+	if !slices.ContainsFunc(lanes, isFloorLane) {
+		r.add(r.mkfsFloor(ctx, round, f))
+		return nil
+	}
+	return &floorBetween{r: r, f: f, n: min(r.cfg.MkfsFloorSamples, r.cfg.Count), count: r.cfg.Count, s: newSamples(),
+		res:   Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: methodMkfsMount},
+		label: fmt.Sprintf("round %d floor mkfs+mount", round)}
+}
+
+// isFloorLane: the floor is sampled between the units of this lane.
+func isFloorLane(ln lane) bool { return ln.conc == 1 && !ln.ep.baseline }
+
+// after takes a sample after lifecycle unit i of lane ln when one is due
+// there, and has ln's measurement (s) leave its time out.
+func (b *floorBetween) after(ctx context.Context, s *samples, ln lane, i int) {
+	if !isFloorLane(ln) || !b.due(i) {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	took, err := b.f.sampleInto(ctx, b.s)
+	s.leaveOut(took)
+	if err != nil && ctx.Err() != nil {
+		return // interrupted, not failed
+	}
+	b.done, b.elapsed = b.done+1, b.elapsed+took
+	if err != nil {
+		b.failed++
+		b.r.noteError(fmt.Errorf("%s: %w", b.label, err))
+	}
+}
+
+// due reports whether a sample follows unit i: n of the count units, one
+// in every count/n, the last unit among them.
+func (b *floorBetween) due(i int) bool {
+	return (i+1)*b.n/b.count != i*b.n/b.count
+}
+
+// result is the floor's Result, once the lifecycle phase is over.
+func (b *floorBetween) result() Result {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	res := b.res
+	res.Count, res.Errors, res.ElapsedSeconds = b.done, b.failed, b.elapsed.Seconds()
+	if b.elapsed > 0 {
+		res.OpsPerSecond = float64(b.done-b.failed) / b.elapsed.Seconds()
+	}
+	res.RPCs = b.s.stats(b.elapsed)
+	return res
 }
 
 // sample makes a sparse image of the run's size, binds it to a loop

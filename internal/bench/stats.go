@@ -34,6 +34,24 @@ type samples struct {
 	order  []string // methods in the order first seen
 	ok     map[string][]time.Duration
 	errors map[string]int
+	// untimed is time a unit spent on something else than what is
+	// measured (the mkfs+mount floor's samples between lifecycles): the
+	// measurement's elapsed time leaves it out.
+	untimed time.Duration
+}
+
+// leaveOut adds d to the time the measurement leaves out.
+func (s *samples) leaveOut(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.untimed += d
+}
+
+// timed is elapsed without what leaveOut left out.
+func (s *samples) timed(elapsed time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return elapsed - s.untimed
 }
 
 func newSamples() *samples {
