@@ -37,15 +37,7 @@ func sparseFileIn(t *testing.T, dir string, size int64) (*os.File, FileID) {
 	if err := f.Truncate(size); err != nil {
 		t.Fatal(err)
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := IDOf(fi)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f, id
+	return f, idOf(t, f)
 }
 
 // attach binds f and releases the device when the test ends, whatever
