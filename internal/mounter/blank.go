@@ -113,36 +113,80 @@ func blankRegions(size int64) []span {
 	return merged
 }
 
-// zeroWhereBlkidLooks reads device where blkid would (blankRegions) and
-// reports whether every byte there is zero. Reading it is also the proof
-// that the device is readable at all: a block device of non-zero size
-// whose every region reads in full, bypassing the page cache when the
-// device allows. A device blkid reads elsewhere (zoned, a CD-ROM) is not
-// checked: (false, nil), blkid's to judge.
+// zeroed reports whether every byte of device blkid would read is zero,
+// on one descriptor of it (openProbed): by its backing file's map when it
+// is a loop device whose map can tell (loopdev.Zeroed: every byte is then
+// zero, and nothing is read), else by reading where blkid would
+// (zeroWhereBlkidLooksIn). A device of no size, or not a block device, is
+// an error.
+func zeroed(device string) (bool, error) {
+	f, size, err := openProbed(device)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	if zero, err := loopdev.Zeroed(f, size); err != nil || zero {
+		return zero, err
+	}
+	return zeroWhereBlkidLooksIn(f, size)
+}
+
+// zeroWhereBlkidLooks is the read check alone, on a descriptor of its own.
 func zeroWhereBlkidLooks(device string) (bool, error) {
+	f, size, err := openProbed(device)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	return zeroWhereBlkidLooksIn(f, size)
+}
+
+// openProbed opens device for the blank check, bypassing the page cache
+// when the device allows, and returns it with its size: a block device of
+// non-zero size.
+func openProbed(device string) (*os.File, int64, error) {
 	f, err := os.OpenFile(device, os.O_RDONLY|unix.O_CLOEXEC|unix.O_DIRECT, 0)
 	if errors.Is(err, unix.EINVAL) {
 		// Some devices refuse O_DIRECT; read through the page cache.
 		f, err = os.OpenFile(device, os.O_RDONLY|unix.O_CLOEXEC, 0)
 	}
 	if err != nil {
-		return false, err
+		return nil, 0, err
 	}
-	defer f.Close()
+	size, err := blockSize(f)
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, size, nil
+}
+
+// blockSize is the size of f, which must be a block device of non-zero
+// size.
+func blockSize(f *os.File) (int64, error) {
 	fi, err := f.Stat()
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	if !isBlock(fi) {
-		return false, fmt.Errorf("not a block device (%s)", fi.Mode().Type())
+		return 0, fmt.Errorf("not a block device (%s)", fi.Mode().Type())
 	}
 	size, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	if size <= 0 {
-		return false, errors.New("the device has no size (nothing attached behind it?)")
+		return 0, errors.New("the device has no size (nothing attached behind it?)")
 	}
+	return size, nil
+}
+
+// zeroWhereBlkidLooksIn reads the device f of size bytes where blkid would
+// (blankRegions) and reports whether every byte there is zero. Reading it
+// is also the proof that the device is readable at all: every region reads
+// in full. A device blkid reads elsewhere (zoned, a CD-ROM) is not
+// checked: (false, nil), blkid's to judge.
+func zeroWhereBlkidLooksIn(f *os.File, size int64) (bool, error) {
 	// Read the pieces at once, each into its own part of one buffer: on a
 	// loop device bound with direct I/O (the local backend's) each read
 	// waits for the loop's worker, and eight waits in turn cost twice
@@ -155,7 +199,7 @@ func zeroWhereBlkidLooks(device string) (bool, error) {
 	for _, p := range pieces {
 		total += p.len
 	}
-	buf, err := takeBlankBuffer(total)
+	buf, err := takeBlankBuffer()
 	if err != nil {
 		return false, err
 	}
@@ -184,29 +228,6 @@ func zeroWhereBlkidLooks(device string) (bool, error) {
 		return false, nil
 	}
 	return true, nil
-}
-
-// zeroByItsMap reports whether device, a loop device, reads as zeros
-// everywhere by its backing file's map (loopdev.Zeroed): its file has no
-// data in the range the device maps, so no byte needs reading, and a device
-// of zeros is blank whatever blkid would read of it. The local backend's
-// fresh disks are such devices: the check costs tens of microseconds where
-// reading costs most of a millisecond, and slows the mkfs after it
-// (docs/benchmarks.md). false: not known this way (not a loop device, or
-// its file has data); the device is then read. An error is a write-back
-// error of the device's own pages: it holds data that did not reach its
-// file.
-func zeroByItsMap(device string) (bool, error) {
-	f, err := os.OpenFile(device, os.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false, nil // zeroWhereBlkidLooks opens it again, and says why it cannot
-	}
-	defer f.Close()
-	size, err := f.Seek(0, io.SeekEnd)
-	if err != nil || size <= 0 {
-		return false, nil
-	}
-	return loopdev.Zeroed(f, size)
 }
 
 // The ioctls blkid asks a device's kind with (linux/blkzoned.h,
@@ -238,23 +259,21 @@ const blankPiece = 256 * kib
 const blankBufferSize = blankHead + 3*blankFar + blankTail + zfsLabel + 4*kib
 
 // blankBuffers keeps the blank check's buffers between checks. A buffer is
-// an anonymous mapping (page-aligned, as O_DIRECT requires), and a fresh
-// one's pages fault in as the first read fills them: about a quarter of a
-// check on a loop device bound with direct I/O. Two are kept (two checks
-// at once); a third check maps a buffer of its own and unmaps it after.
+// an anonymous mapping of blankBufferSize (page-aligned, as O_DIRECT
+// requires), and a fresh one's pages fault in as the first read fills
+// them: about a quarter of a check on a loop device bound with direct I/O.
+// Two are kept (two checks at once); a third check maps a buffer of its
+// own and unmaps it after.
 var blankBuffers = make(chan []byte, 2)
 
-// takeBlankBuffer returns a kept buffer, or maps one, of at least n bytes.
-func takeBlankBuffer(n int64) ([]byte, error) {
+// takeBlankBuffer returns a kept buffer, or maps one.
+func takeBlankBuffer() ([]byte, error) {
 	select {
 	case b := <-blankBuffers:
-		if int64(len(b)) >= n {
-			return b, nil
-		}
-		_ = unix.Munmap(b)
+		return b, nil
 	default:
 	}
-	return unix.Mmap(-1, 0, int(max(n, blankBufferSize)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	return unix.Mmap(-1, 0, int(blankBufferSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 }
 
 // putBlankBuffer keeps b for the next check, or unmaps it when two are

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csid-dev/csid/internal/loopdev"
 	"github.com/csid-dev/csid/internal/testutil"
 )
 
@@ -39,7 +40,12 @@ func BenchmarkBlankProbe(b *testing.B) {
 	}
 	probes["check-directio"] = probes["check"]
 	probes["map-directio"] = func(dev string) error {
-		zero, err := zeroByItsMap(dev)
+		f, size, err := openProbed(dev)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		zero, err := loopdev.Zeroed(f, size)
 		if err == nil && !zero {
 			err = fmt.Errorf("%s: a fresh sparse image, not zero by its map", dev)
 		}

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csid-dev/csid/internal/loopdev"
 	"github.com/csid-dev/csid/internal/testutil"
 )
 
@@ -91,6 +92,35 @@ func TestBlankCheckReadsEveryRegion(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// zeroByMap reports what the map check alone says of dev.
+func zeroByMap(t *testing.T, dev string) bool {
+	t.Helper()
+	f, size, err := openProbed(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zero, err := loopdev.Zeroed(f, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zero
+}
+
+// TestBlankBufferHoldsEveryRegion: the kept buffer holds what the check
+// reads of any device, from one sector to 16 TiB.
+func TestBlankBufferHoldsEveryRegion(t *testing.T) {
+	for size := int64(512); size <= 16<<40; size = size*3 + 4096 {
+		var total int64
+		for _, p := range backwards(blankRegions(size), blankPiece) {
+			total += p.len
+		}
+		if total > blankBufferSize {
+			t.Fatalf("a device of %d bytes: the check reads %d bytes, the buffer holds %d", size, total, blankBufferSize)
 		}
 	}
 }
@@ -173,20 +203,32 @@ func setSectorSize(t *testing.T, dev string, n int) {
 	}
 }
 
-// A blank device is formatted without blkid: the check proves it blank.
+// A blank device is formatted without blkid: the check proves it blank,
+// by the backing file's map when the image is all holes, and by reading
+// where blkid reads when the image has data the map cannot see into (zeros
+// written over the places blkid reads first and last).
 func TestBlankDeviceIsFormattedWithoutBlkid(t *testing.T) {
 	testutil.RequireRoot(t)
 	sb := newSandbox(t)
 	ctx := context.Background()
 	for _, size := range []int64{600 * kib, 64 * mib, 64*mib + 100*kib} {
-		rec := &recorder{}
-		m := newLinux(rec.run)
-		dev := sb.device(size)
-		if got, err := m.Filesystem(ctx, dev); err != nil || got != "" {
-			t.Fatalf("%d bytes: Filesystem of a blank device = %q, %v; want blank", size, got, err)
-		}
-		if rec.ranProgram("blkid") {
-			t.Fatalf("%d bytes: blkid ran on a blank device", size)
+		for _, written := range []bool{false, true} {
+			rec := &recorder{}
+			m := newLinux(rec.run)
+			dev := sb.device(size)
+			if written {
+				writeDevice(t, dev, 0, make([]byte, 4*kib))
+				writeDevice(t, dev, size-4*kib, make([]byte, 4*kib))
+			}
+			if byMap := zeroByMap(t, dev); byMap == written {
+				t.Fatalf("%d bytes, zeros written %v: zero by the map %v", size, written, byMap)
+			}
+			if got, err := m.Filesystem(ctx, dev); err != nil || got != "" {
+				t.Fatalf("%d bytes, zeros written %v: Filesystem of a blank device = %q, %v; want blank", size, written, got, err)
+			}
+			if rec.ranProgram("blkid") {
+				t.Fatalf("%d bytes, zeros written %v: blkid ran on a blank device", size, written)
+			}
 		}
 	}
 	rec := &recorder{}

@@ -14,15 +14,15 @@ import (
 // it finds no signature and when it cannot open or read the device (a
 // missing device, a detached disk, an I/O error), and treating every exit 2
 // as "unformatted" is how drivers have formatted over data. So the probe
-// first proves the device readable itself: it must be a block device of
-// non-zero size that reads successfully wherever blkid would read it,
-// bypassing the page cache when the device allows (blank.go). When every
-// byte read there is zero, the device is blank, and blkid is not run: it
-// could find nothing (blank.go says why). A loop device whose backing file
-// has no data in the range it maps is blank without a read: every byte of
-// it is zero, as the file system's map of the file shows (zeroByItsMap).
-// Otherwise blkid decides, and its exit 2 means blank. Any other failure
-// is ErrProbeFailed.
+// first proves what the device holds itself, on one descriptor (blank.go):
+// it must be a block device of non-zero size; a loop device whose backing
+// file has no data in the range it maps is all zeros by the file system's
+// map of that file, and nothing is read; any other device must read
+// successfully wherever blkid would read it, bypassing the page cache when
+// the device allows. Either way, when every byte blkid would read is zero,
+// the device is blank, and blkid is not run: it could find nothing
+// (blank.go says why). Otherwise blkid decides, and its exit 2 means
+// blank. Any other failure is ErrProbeFailed.
 //
 // A partition table is reported as "partition table (<type>)", and a
 // signature without a type as "unknown": neither is blank, and neither is a
@@ -34,10 +34,7 @@ func (m *Linux) Filesystem(ctx context.Context, device string) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	zero, err := zeroByItsMap(device)
-	if err == nil && !zero {
-		zero, err = zeroWhereBlkidLooks(device)
-	}
+	zero, err := zeroed(device)
 	if err != nil {
 		return "", fmt.Errorf("probe %s: %v: %w", device, err, ErrProbeFailed)
 	}
