@@ -154,7 +154,7 @@ func loopNumber(name string) (int, bool) {
 // backing file (or vanished meanwhile), or one keep (when not nil) refuses.
 func readSys(root string, n int, keep func(backing string) bool) (d Device, bound bool, err error) {
 	dir := filepath.Join(root, "loop"+strconv.Itoa(n))
-	raw, err := os.ReadFile(filepath.Join(dir, "loop", "backing_file"))
+	backing, deleted, err := backingFile(dir)
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO) {
 		// Not bound: the "loop" directory exists only while bound, and
 		// reads ENODEV while the device is being released.
@@ -163,9 +163,7 @@ func readSys(root string, n int, keep func(backing string) bool) (d Device, boun
 	if err != nil {
 		return Device{}, false, fmt.Errorf("loop%d: %w", n, err)
 	}
-	backing := strings.TrimSuffix(string(raw), "\n")
-	d = Device{Path: "/dev/loop" + strconv.Itoa(n), Number: n}
-	d.BackingFile, d.Deleted = strings.CutSuffix(backing, " (deleted)")
+	d = Device{Path: "/dev/loop" + strconv.Itoa(n), Number: n, BackingFile: backing, Deleted: deleted}
 	if keep != nil && !keep(d.BackingFile) {
 		return Device{}, false, nil
 	}
@@ -174,6 +172,18 @@ func readSys(root string, n int, keep func(backing string) bool) (d Device, boun
 	d.DirectIO = readSysInt(filepath.Join(dir, "loop", "dio")) == 1
 	d.SizeBytes = readSysInt(filepath.Join(dir, "size")) * 512
 	return d, true, nil
+}
+
+// backingFile reads the path of a bound loop device's backing file from
+// its sysfs directory dir, as the kernel reports it to this process, and
+// whether the file has been unlinked (the " (deleted)" suffix, removed).
+func backingFile(dir string) (path string, deleted bool, err error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "loop", "backing_file"))
+	if err != nil {
+		return "", false, err
+	}
+	path, deleted = strings.CutSuffix(strings.TrimSuffix(string(raw), "\n"), " (deleted)")
+	return path, deleted, nil
 }
 
 // readSysInt reads a sysfs integer; a missing or odd file reads as 0.
@@ -209,11 +219,16 @@ func backingOf(f *os.File) (FileID, error) {
 type Binding struct {
 	// File is the identity of the backing file.
 	File FileID
+	// Offset is where in the file the device starts.
+	Offset int64
 	// AutoClear: the device is being released; it goes as soon as its
 	// last opener closes it.
 	AutoClear bool
 	// ReadOnly: the binding is read-only.
 	ReadOnly bool
+	// Encrypted: the binding transforms what it reads (the kernel's old
+	// loop encryption), so the device is not the file's bytes.
+	Encrypted bool
 }
 
 // BindingOf reports what the open loop device f is bound to
@@ -227,8 +242,8 @@ func BindingOf(f *os.File) (Binding, error) {
 	if err != nil {
 		return Binding{}, fmt.Errorf("%s: LOOP_GET_STATUS64: %w", f.Name(), err)
 	}
-	return Binding{File: FileID{Dev: info.Device, Ino: info.Inode},
-		AutoClear: info.Flags&flagAutoClear != 0, ReadOnly: info.Flags&flagReadOnly != 0}, nil
+	return Binding{File: FileID{Dev: info.Device, Ino: info.Inode}, Offset: int64(info.Offset),
+		AutoClear: info.Flags&flagAutoClear != 0, ReadOnly: info.Flags&flagReadOnly != 0, Encrypted: info.Encrypt_type != 0}, nil
 }
 
 // Number returns N of a loop device's path, /dev/loopN; ok is false for

@@ -3,6 +3,7 @@ package loopdev
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -478,9 +479,11 @@ func TestListSizedReadsOnlyListedLoops(t *testing.T) {
 // zero exactly while the file has no data in the range the device maps:
 // a byte written to the file in the range, or through the device's page
 // cache and not yet written back, is data; a byte beyond the size limit is
-// not the device's. Where it cannot tell (a file system it does not rely
-// on or that maps no holes, a deleted backing file, no loop device), it
-// says false.
+// not the device's. Where it cannot tell it says false: a file system not
+// in its list (ext4 once the list is emptied), one that maps no holes
+// (ramfs), a backing file whose path now names another file (one of holes
+// bind-mounted over it, or put there after the bound file was deleted), no
+// loop device.
 func TestZeroedReadsTheBackingFilesMap(t *testing.T) {
 	testutil.RequireRoot(t)
 	for _, fsType := range []string{"ext4", "xfs", "tmpfs"} {
@@ -541,31 +544,82 @@ func TestZeroedReadsTheBackingFilesMap(t *testing.T) {
 	}
 
 	t.Run("cannot tell", func(t *testing.T) {
-		ramfs := t.TempDir()
-		if err := unix.Mount("ramfs", ramfs, "ramfs", 0, ""); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = unix.Unmount(ramfs, 0) })
-		onRamfs, _ := sparseFileIn(t, ramfs, 16*mib)
-		deleted, _ := sparseFile(t, 16*mib)
-		// ramfs maps no holes: its SEEK_DATA finds data everywhere.
-		cases := map[string]*os.File{"a file on ramfs": onRamfs, "a deleted backing file": deleted}
-		for name, f := range cases {
+		zeroed := func(t *testing.T, f *os.File, size int64, before func()) bool {
+			t.Helper()
 			d := attach(t, f, idOf(t, f), Options{})
-			if name == "a deleted backing file" {
-				if err := os.Remove(f.Name()); err != nil {
-					t.Fatal(err)
-				}
+			if before != nil {
+				before()
 			}
 			dev, err := os.Open(d.Path)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer dev.Close()
-			if zero, err := Zeroed(dev, 16*mib); err != nil || zero {
-				t.Errorf("%s: Zeroed = %v, %v; want false", name, zero, err)
+			zero, err := Zeroed(dev, size)
+			if err != nil {
+				t.Fatal(err)
 			}
+			return zero
 		}
+
+		// ramfs maps no holes: its SEEK_DATA finds data everywhere.
+		ramfs := t.TempDir()
+		if err := unix.Mount("ramfs", ramfs, "ramfs", 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(ramfs, 0) })
+		onRamfs, _ := sparseFileIn(t, ramfs, 16*mib)
+		if zeroed(t, onRamfs, 16*mib, nil) {
+			t.Error("a file on ramfs: Zeroed = true")
+		}
+
+		// A file system whose map Zeroed does not believe: the same
+		// sparse file on ext4 once the list no longer names ext4.
+		sparse, _ := sparseFile(t, 16*mib)
+		kept := maps.Clone(mapsDirtyPages)
+		clear(mapsDirtyPages)
+		got := zeroed(t, sparse, 16*mib, nil)
+		maps.Copy(mapsDirtyPages, kept)
+		if got {
+			t.Error("a file system not in the list: Zeroed = true")
+		}
+
+		// The backing file's path now names another file (all holes,
+		// bind-mounted over it), while the bound file has data: the path
+		// is not followed to the other file.
+		bound, _ := sparseFile(t, 16*mib)
+		if _, err := bound.WriteAt([]byte{1}, 5*mib); err != nil {
+			t.Fatal(err)
+		}
+		other, _ := sparseFile(t, 16*mib)
+		if zeroed(t, bound, 16*mib, func() {
+			if err := unix.Mount(other.Name(), bound.Name(), "", unix.MS_BIND, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = unix.Unmount(bound.Name(), 0) })
+		}) {
+			t.Error("another file mounted over the backing file's path: Zeroed = true")
+		}
+
+		// A deleted backing file (another file, all holes, at its path).
+		gone, _ := sparseFile(t, 16*mib)
+		if _, err := gone.WriteAt([]byte{1}, 5*mib); err != nil {
+			t.Fatal(err)
+		}
+		if zeroed(t, gone, 16*mib, func() {
+			if err := os.Remove(gone.Name()); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(gone.Name(), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(gone.Name(), 16*mib); err != nil {
+				t.Fatal(err)
+			}
+		}) {
+			t.Error("a deleted backing file: Zeroed = true")
+		}
+
 		null, err := os.Open("/dev/null")
 		if err != nil {
 			t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,10 +24,10 @@ import (
 // the device holds data that could not reach its file.
 //
 // It relies only on file systems whose SEEK_DATA reports data that is still
-// in the page cache (ext4, xfs, btrfs, tmpfs): a loop device bound without
-// direct I/O writes its backing file through that cache. A hole, by
-// definition, reads as zeros; a file system may report a hole as data,
-// never data as a hole.
+// in the page cache (mapsDirtyPages): a loop device bound without direct
+// I/O writes its backing file through that cache. A hole, by definition,
+// reads as zeros; a file system may report a hole as data, never data as a
+// hole.
 func Zeroed(f *os.File, size int64) (bool, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
@@ -42,15 +41,14 @@ func Zeroed(f *os.File, size int64) (bool, error) {
 	if _, err := os.Stat(filepath.Join(sys, "partition")); err == nil {
 		return false, nil // a partition of a loop device: it maps part of the range
 	}
-	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
-	if err != nil {
-		return false, nil // unbound (ENXIO): nothing to ask
+	b, err := BindingOf(f)
+	if err != nil || b.Encrypted {
+		// Unbound (ENXIO): nothing to ask. Encrypted: a hole reads as
+		// whatever it decrypts to.
+		return false, nil
 	}
-	if info.Encrypt_type != 0 {
-		return false, nil // a hole would read as whatever it decrypts to
-	}
-	backing, err := openBacking(sys, FileID{Dev: info.Device, Ino: info.Inode})
-	if err != nil || backing == nil {
+	backing := openBacking(sys, b.File)
+	if backing == nil {
 		return false, nil
 	}
 	defer backing.Close()
@@ -62,50 +60,44 @@ func Zeroed(f *os.File, size int64) (bool, error) {
 		unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER); err != nil {
 		return false, fmt.Errorf("%s: write back its pages: %w", f.Name(), err)
 	}
-	start := int64(info.Offset)
-	data, err := unix.Seek(int(backing.Fd()), start, unix.SEEK_DATA)
+	data, err := unix.Seek(int(backing.Fd()), b.Offset, unix.SEEK_DATA)
 	switch {
 	case errors.Is(err, unix.ENXIO):
-		return true, nil // no data from start to the end of the file
+		return true, nil // no data from the offset to the end of the file
 	case err != nil:
 		return false, nil // SEEK_DATA not supported here
 	}
-	return data >= start+size, nil
+	return data >= b.Offset+size, nil
 }
 
 // mapsDirtyPages lists the file systems (statfs magic numbers) whose
-// SEEK_DATA counts data still in the page cache, not yet allocated on disk.
+// SEEK_DATA counts data still in the page cache, not yet allocated on disk,
+// and that csid's tests hold to it (TestZeroedReadsTheBackingFilesMap).
+// Zeroed believes no other file system's map.
 var mapsDirtyPages = map[int64]bool{
-	unix.EXT4_SUPER_MAGIC:  true, // ext2, ext3 and ext4 share it
-	unix.XFS_SUPER_MAGIC:   true,
-	unix.BTRFS_SUPER_MAGIC: true,
-	unix.TMPFS_MAGIC:       true,
+	unix.EXT4_SUPER_MAGIC: true, // ext2, ext3 and ext4 share it
+	unix.XFS_SUPER_MAGIC:  true,
+	unix.TMPFS_MAGIC:      true,
 }
 
 // openBacking opens the backing file of the loop device whose sysfs
 // directory is sys, and returns it only when it is the file id (the
-// binding's, LOOP_GET_STATUS64): the path sysfs reports may name another
-// file by now. nil: not found there.
-func openBacking(sys string, id FileID) (*os.File, error) {
-	raw, err := os.ReadFile(filepath.Join(sys, "loop", "backing_file"))
-	if err != nil {
-		return nil, err
-	}
-	path := strings.TrimSuffix(string(raw), "\n")
-	if strings.HasSuffix(path, " (deleted)") || !filepath.IsAbs(path) {
-		return nil, nil
+// binding's): the path sysfs reports may name another file by now (one
+// renamed or mounted over it). nil: not found there.
+func openBacking(sys string, id FileID) *os.File {
+	path, deleted, err := backingFile(sys)
+	if err != nil || deleted || !filepath.IsAbs(path) {
+		return nil
 	}
 	// Read-only, never a link, never blocking on a FIFO put in its place.
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil
 	}
-	backing := os.NewFile(uintptr(fd), path)
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG ||
-		st.Dev != id.Dev || st.Ino != id.Ino {
-		backing.Close()
-		return nil, err
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Dev != id.Dev || st.Ino != id.Ino {
+		unix.Close(fd)
+		return nil
 	}
-	return backing, nil
+	return os.NewFile(uintptr(fd), path)
 }
