@@ -40,7 +40,9 @@ type call struct {
 // many callers are queued as shared that commit, or Options.GatherWindow
 // has passed. Under load that is fewer commits (each two fdatasyncs, the
 // most CPU a write costs on a virtual disk) for at most the window's
-// latency; a lone writer never waits.
+// latency. A writer that comes alone right after a shared commit waits out
+// the window once (the commit after it is not shared); at concurrency 1 no
+// commit is shared, and nobody waits.
 //
 // The contract is that of bbolt's Batch: fn may run more than once (when
 // another fn in its transaction fails, the others are run again without
@@ -87,7 +89,7 @@ func (s *Store) Update(fn func(tx *Tx) error) error {
 // goroutine that drains them, so no caller waits for strangers' commits.
 func (s *Store) lead(caller bool) {
 	for {
-		if s.shared.Load() {
+		if s.lastBatch.Load() > 1 {
 			// The last commit was shared: others are active, and some are
 			// about to enqueue. Let them run first, and commit them too.
 			runtime.Gosched()
@@ -106,7 +108,6 @@ func (s *Store) lead(caller bool) {
 		s.queue = append(s.queue[:0], s.queue[n:]...)
 		s.cmu.Unlock()
 
-		s.lastBatch.Store(int64(n))
 		s.commit(batch)
 
 		if caller {
@@ -126,8 +127,9 @@ func (s *Store) lead(caller bool) {
 }
 
 // gather waits until as many calls are queued as the last commit served,
-// or Options.GatherWindow has passed (see Update). With none queued it
-// returns at once (the lead ends), and so it does once the store closes.
+// or Options.GatherWindow has passed (see Update). With none queued (a
+// goroutine draining the queue finds it empty) it returns at once and the
+// lead ends; so it does once the store closes.
 func (s *Store) gather() {
 	want := int(s.lastBatch.Load())
 	var window *time.Timer
@@ -170,7 +172,7 @@ func (s *Store) commit(batch []*call) {
 		// caller's hook answers a waiter, who may then look at it.
 		btx.OnCommit(func() {
 			s.committed()
-			s.shared.Store(len(batch) > 1)
+			s.lastBatch.Store(int64(len(batch)))
 			if s.opts.Observe != nil {
 				s.opts.Observe(len(batch), time.Since(start))
 			}

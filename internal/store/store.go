@@ -161,10 +161,9 @@ type Store struct {
 	queue   []*call
 	leading bool
 	cclosed bool
-	// shared says the last commit served more than one caller, and
-	// lastBatch how many; grew wakes a leader gathering callers when one
-	// joins the queue.
-	shared    atomic.Bool
+	// lastBatch is how many callers the last successful commit served
+	// (more than one: it was shared); grew wakes a leader gathering
+	// callers when one joins the queue.
 	lastBatch atomic.Int64
 	grew      chan struct{}
 
