@@ -77,16 +77,22 @@ func (d *dirSyncer) closeFD() {
 }
 
 // fsyncFD fsyncs the open file fd, again when a signal interrupts it.
-func fsyncFD(fd int) error { return uninterrupted(func() error { return unix.Fsync(fd) }) }
+func fsyncFD(fd int) error {
+	_, err := uninterrupted(func() (struct{}, error) { return struct{}{}, unix.Fsync(fd) })
+	return err
+}
 
 // fdatasyncFD is fsyncFD's fdatasync.
-func fdatasyncFD(fd int) error { return uninterrupted(func() error { return unix.Fdatasync(fd) }) }
+func fdatasyncFD(fd int) error {
+	_, err := uninterrupted(func() (struct{}, error) { return struct{}{}, unix.Fdatasync(fd) })
+	return err
+}
 
 // uninterrupted makes call again for as long as a signal interrupts it.
-func uninterrupted(call func() error) error {
+func uninterrupted[T any](call func() (T, error)) (T, error) {
 	for {
-		if err := call(); !errors.Is(err, unix.EINTR) {
-			return err
+		if v, err := call(); !errors.Is(err, unix.EINTR) {
+			return v, err
 		}
 	}
 }

@@ -45,9 +45,10 @@ func (s *state) nodeDir(hash string) string  { return filepath.Join(s.attached, 
 // this it reads the record twice. A disk's name never changes and its id
 // is never reused, so an entry stays true for as long as the disk exists,
 // whatever another process does meanwhile; DeleteDisk still reads the
-// record under its locks. Entries leave with the disk's delete, so the map
-// holds at most the disks this process created and did not delete. The
-// zero value is empty.
+// record under its locks. Entries leave with a delete this process makes
+// (also of a disk another process deleted first: it finds the record gone
+// and forgets the id), so the map holds at most the disks this process
+// created and did not delete itself. The zero value is empty.
 type diskNames struct {
 	mu sync.Mutex
 	m  map[diskID]string
@@ -144,12 +145,7 @@ func readRegularStat(path string) ([]byte, unix.Stat_t, error) {
 
 // openNoEINTR opens path, again when a signal interrupts the call.
 func openNoEINTR(path string, flags int) (int, error) {
-	for {
-		fd, err := unix.Open(path, flags, 0)
-		if !errors.Is(err, unix.EINTR) {
-			return fd, err
-		}
-	}
+	return uninterrupted(func() (int, error) { return unix.Open(path, flags, 0) })
 }
 
 // name links the new disk's record, written whole at path (a temporary

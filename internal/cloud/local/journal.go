@@ -240,7 +240,7 @@ func (j *journal) create() (*generation, error) {
 		err = writeAt(fd, buf, 0)
 	}
 	if err == nil {
-		err = unix.Fsync(fd)
+		err = fsyncFD(fd)
 	}
 	if err == nil {
 		err = syncDir(j.dir)

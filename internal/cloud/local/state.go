@@ -445,9 +445,9 @@ func (s *state) recordFile(d cloud.Disk, durable bool) (string, error) {
 		if reused {
 			// The spare's inode and blocks are on the device: its new
 			// content and size are all there is to make durable.
-			err = unix.Fdatasync(fd)
+			err = fdatasyncFD(fd)
 		} else {
-			err = unix.Fsync(fd)
+			err = fsyncFD(fd)
 		}
 	}
 	if err = errors.Join(err, unix.Close(fd)); err != nil {
