@@ -82,8 +82,6 @@ type Options struct {
 	// PollInterval is the first pause between polls of an operation
 	// (default 250ms; it doubles up to 5s).
 	PollInterval time.Duration
-	// DialOptions are added to csid's own (tests).
-	DialOptions []grpc.DialOption
 }
 
 // Cloud is the cloud.Cloud of Yandex Compute.
@@ -125,7 +123,7 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 	if o.Backoff > 0 {
 		th.base = o.Backoff
 	}
-	dial := append([]grpc.DialOption{grpc.WithChainUnaryInterceptor(th.unary), grpc.WithDisableRetry()}, o.DialOptions...)
+	dial := []grpc.DialOption{grpc.WithChainUnaryInterceptor(th.unary), grpc.WithDisableRetry()}
 	a, err := dialAPI(ctx, o.Endpoint, o.Insecure, creds, dial)
 	if err != nil {
 		return nil, fmt.Errorf("yandex: connect to %s: %w", o.Endpoint, err)
