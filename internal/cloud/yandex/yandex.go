@@ -19,7 +19,6 @@ import (
 	"time"
 
 	computepb "github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
-	"google.golang.org/grpc"
 
 	"github.com/csid-dev/csid/internal/cloud"
 )
@@ -68,7 +67,8 @@ type Options struct {
 	// MaxDisks is the number of disks csid reports an instance can hold
 	// (DefaultMaxDisks when 0).
 	MaxDisks int
-	// RateLimit (calls per second) and Burst pace every call to the API;
+	// RateLimit (calls per second) and Burst pace every compute and
+	// operation call (an IAM token exchange runs inside one of them);
 	// MaxAttempts bounds the tries of a call the API refuses for load.
 	RateLimit   float64
 	Burst       int
@@ -123,8 +123,7 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 	if o.Backoff > 0 {
 		th.base = o.Backoff
 	}
-	dial := []grpc.DialOption{grpc.WithChainUnaryInterceptor(th.unary), grpc.WithDisableRetry()}
-	a, err := dialAPI(ctx, o.Endpoint, o.Insecure, creds, dial)
+	a, err := dialAPI(ctx, o.Endpoint, o.Insecure, creds, th.unary)
 	if err != nil {
 		return nil, fmt.Errorf("yandex: connect to %s: %w", o.Endpoint, err)
 	}
