@@ -40,10 +40,16 @@ type api struct {
 // endpoint (a connection closed once they are known) and connects to
 // them: compute and operation with IAM tokens from src on every call
 // (per-call credentials), IAM's token service (for a service-account
-// key's exchange) without. opts (the
-// pacing interceptor among them) apply to every connection; plaintext is
-// for a fake API, never the real one.
-func dialAPI(ctx context.Context, endpoint string, plaintext bool, src iamTokenSource, opts []grpc.DialOption) (a *api, err error) {
+// key's exchange) without. gRPC's own retries are disabled on every
+// connection. paced (the throttle's interceptor) applies to the compute
+// and operation connections only: an IAM exchange runs inside a compute
+// or operation call's try (its per-call credentials), which the throttle
+// has already paced and retries as a whole, so one try makes at most one
+// exchange; retried on its own as well, each try would retry its
+// exchange, with the token cache's lock held throughout. Endpoint
+// discovery, asked once at start-up, is neither paced nor retried: its
+// failure fails New. plaintext is for a fake API, never the real one.
+func dialAPI(ctx context.Context, endpoint string, plaintext bool, src iamTokenSource, paced grpc.UnaryClientInterceptor) (a *api, err error) {
 	transport := grpc.WithTransportCredentials(grpccreds.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12}))
 	if plaintext {
 		transport = grpc.WithTransportCredentials(insecure.NewCredentials())
@@ -55,7 +61,7 @@ func dialAPI(ctx context.Context, endpoint string, plaintext bool, src iamTokenS
 		}
 	}()
 	newClient := func(address string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-		return grpc.NewClient(address, append(append([]grpc.DialOption{transport}, opts...), extra...)...)
+		return grpc.NewClient(address, append([]grpc.DialOption{transport, grpc.WithDisableRetry()}, extra...)...)
 	}
 	dial := func(address string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 		conn, err := newClient(address, extra...)
@@ -91,12 +97,12 @@ func dialAPI(ctx context.Context, endpoint string, plaintext bool, src iamTokenS
 		}
 		key.iam = iampb.NewIamTokenServiceClient(conn)
 	}
-	authorized := grpc.WithPerRPCCredentials(&tokens{src: src})
-	compute, err := dial(addresses[computeService], authorized)
+	authorized := []grpc.DialOption{grpc.WithPerRPCCredentials(&tokens{src: src}), grpc.WithChainUnaryInterceptor(paced)}
+	compute, err := dial(addresses[computeService], authorized...)
 	if err != nil {
 		return nil, err
 	}
-	operation, err := dial(addresses[operationService], authorized)
+	operation, err := dial(addresses[operationService], authorized...)
 	if err != nil {
 		return nil, err
 	}

@@ -82,7 +82,8 @@ func TestFailedLabelUpdateOfAttachedDiskIsTransient(t *testing.T) {
 	if _, err := c.WaitOperation(ctx, op.ID); !errors.Is(err, cloud.ErrTransient) || errors.Is(err, cloud.ErrAttached) {
 		t.Fatalf("a label update of an attached disk failed with FailedPrecondition: %v, want ErrTransient", err)
 	}
-	// Done, the same id reads the labels set.
+	// Tried again (a second UpdateDiskTags, a new operation id): it succeeds on
+	// the attached disk, and its wait reads the labels set.
 	op, err = c.UpdateDiskTags(ctx, d.ID, map[string]string{"csid.dev/resize-to": "2147483648"})
 	if err != nil {
 		t.Fatal(err)

@@ -115,6 +115,7 @@ func (c *serviceAccountKey) IAMToken(ctx context.Context) (*iampb.CreateIamToken
 
 // signedJWT is the key's JWT for the IAM token service, signed PS256 (RSA
 // PSS with SHA-256, the salt as long as the hash) as Yandex IAM requires.
+// The near-copy of this and rsaKey in yandexfake's harness is deliberate: the fake checks the backend independently and signs broken JWTs.
 func (c *serviceAccountKey) signedJWT(now time.Time) (string, error) {
 	segment := func(v any) (string, error) {
 		raw, err := json.Marshal(v)

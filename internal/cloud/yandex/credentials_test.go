@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/csid-dev/csid/internal/cloud/yandex/yandexfake"
 )
 
 // The private key of a service-account key parses as Yandex writes it (a
@@ -59,7 +61,8 @@ func TestRSAKeyFormats(t *testing.T) {
 
 // The JWT is what Yandex IAM exchanges: PS256 over header.claims by the
 // key, the key id in the header, the service account as issuer, the token
-// service as audience, an hour's lifetime.
+// service as audience (the fake's constant, not the backend's own, so that
+// a typo in either fails), an hour's lifetime.
 func TestSignedJWT(t *testing.T) {
 	k, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -94,7 +97,7 @@ func TestSignedJWT(t *testing.T) {
 	if h["alg"] != "PS256" || h["kid"] != "ajekey" || h["typ"] != "JWT" {
 		t.Errorf("header %v", h)
 	}
-	if claims.Iss != "ajeaccount" || claims.Aud != tokenAudience || claims.Iat != now.Unix() || claims.Exp != now.Add(time.Hour).Unix() {
+	if claims.Iss != "ajeaccount" || claims.Aud != yandexfake.TokenAudience || claims.Iat != now.Unix() || claims.Exp != now.Add(time.Hour).Unix() {
 		t.Errorf("claims %+v", claims)
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(parts[2])

@@ -22,12 +22,17 @@ const (
 )
 
 // throttle is the client's one place for pacing calls: every unary call
-// (the compute calls, the operation polls, the IAM token exchange) first
-// waits for the rate limiter, and a call the API refused for load
-// (ResourceExhausted that is not a quota, Unavailable) is retried after a
-// jittered exponential backoff, each retry again through the limiter, at
-// most maxAttempts times in all. gRPC's built-in retries are disabled on
-// every connection, so these are the only retries.
+// of the compute and operation connections (the compute calls, the
+// operation polls) first waits for the rate limiter, and a call the API
+// refused for load (ResourceExhausted that is not a quota, Unavailable) is
+// retried after a jittered exponential backoff, each retry again through
+// the limiter, at most maxAttempts times in all. An IAM token exchange is
+// no call of its own here (its connection has no interceptor): it runs
+// inside a try of the call that needs the token, as the try's per-call
+// credentials, so it is paced and retried with that call, at most one
+// exchange per try, maxAttempts per call. Endpoint discovery, once at
+// start-up, is neither paced nor retried. gRPC's built-in retries are
+// disabled on every connection, so these are the only retries.
 type throttle struct {
 	limiter     *rate.Limiter
 	maxAttempts int

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	computepb "github.com/yandex-cloud/go-genproto/yandex/cloud/compute/v1"
-	"google.golang.org/grpc"
 
 	"github.com/csid-dev/csid/internal/cloud"
 )
@@ -68,7 +67,8 @@ type Options struct {
 	// MaxDisks is the number of disks csid reports an instance can hold
 	// (DefaultMaxDisks when 0).
 	MaxDisks int
-	// RateLimit (calls per second) and Burst pace every call to the API;
+	// RateLimit (calls per second) and Burst pace every compute and
+	// operation call (an IAM token exchange runs inside one of them);
 	// MaxAttempts bounds the tries of a call the API refuses for load.
 	RateLimit   float64
 	Burst       int
@@ -82,15 +82,12 @@ type Options struct {
 	// PollInterval is the first pause between polls of an operation
 	// (default 250ms; it doubles up to 5s).
 	PollInterval time.Duration
-	// DialOptions are added to csid's own (tests).
-	DialOptions []grpc.DialOption
 }
 
 // Cloud is the cloud.Cloud of Yandex Compute.
 type Cloud struct {
-	opts  Options
-	api   *api
-	zones []string
+	opts Options // opts.Zones: the zones given, or those the API lists (start)
+	api  *api
 }
 
 var _ cloud.Cloud = (*Cloud)(nil)
@@ -117,6 +114,7 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 	if o.MaxDisks <= 0 {
 		o.MaxDisks = DefaultMaxDisks
 	}
+	o.Zones = slices.Clone(o.Zones) // start may fill it: never the caller's array
 	creds, err := credentials(o.KeyFile, o.MetadataURL)
 	if err != nil {
 		return nil, err
@@ -125,12 +123,11 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 	if o.Backoff > 0 {
 		th.base = o.Backoff
 	}
-	dial := append([]grpc.DialOption{grpc.WithChainUnaryInterceptor(th.unary), grpc.WithDisableRetry()}, o.DialOptions...)
-	a, err := dialAPI(ctx, o.Endpoint, o.Insecure, creds, dial)
+	a, err := dialAPI(ctx, o.Endpoint, o.Insecure, creds, th.unary)
 	if err != nil {
 		return nil, fmt.Errorf("yandex: connect to %s: %w", o.Endpoint, err)
 	}
-	c := &Cloud{opts: o, api: a, zones: slices.Clone(o.Zones)}
+	c := &Cloud{opts: o, api: a}
 	if err := c.start(ctx); err != nil {
 		_ = a.close()
 		return nil, err
@@ -141,18 +138,18 @@ func New(ctx context.Context, o Options) (*Cloud, error) {
 // start checks that the API answers with these credentials and learns the
 // zones when none were given.
 func (c *Cloud) start(ctx context.Context) error {
-	if len(c.zones) == 0 {
+	if len(c.opts.Zones) == 0 {
 		resp, err := c.api.zones.List(ctx, &computepb.ListZonesRequest{PageSize: 100})
 		if err != nil {
 			return apiError(err, "list zones")
 		}
 		for _, z := range resp.GetZones() {
 			if z.GetStatus() == computepb.Zone_UP {
-				c.zones = append(c.zones, z.GetId())
+				c.opts.Zones = append(c.opts.Zones, z.GetId())
 			}
 		}
-		slices.Sort(c.zones)
-		if len(c.zones) == 0 {
+		slices.Sort(c.opts.Zones)
+		if len(c.opts.Zones) == 0 {
 			return errors.New("yandex: the API lists no zone that is up; name them with --yandex-zones")
 		}
 		return nil
@@ -166,11 +163,11 @@ func (c *Cloud) Close() error { return c.api.close() }
 
 // String names the provider (in logs); it holds no secret.
 func (c *Cloud) String() string {
-	return fmt.Sprintf("yandex(endpoint=%s, folder=%s, zones=%v)", c.opts.Endpoint, c.opts.FolderID, c.zones)
+	return fmt.Sprintf("yandex(endpoint=%s, folder=%s, zones=%v)", c.opts.Endpoint, c.opts.FolderID, c.opts.Zones)
 }
 
 // Zones lists the zones csid makes disks in, the default first.
-func (c *Cloud) Zones() []string { return slices.Clone(c.zones) }
+func (c *Cloud) Zones() []string { return slices.Clone(c.opts.Zones) }
 
 // MaxDiskBytes is the largest disk csid makes on Yandex (the largest the
 // API grows a disk to).
@@ -205,10 +202,10 @@ func (c *Cloud) Capacity(ctx context.Context, zone string) (int64, error) {
 
 func (c *Cloud) zone(z string) (string, error) {
 	if z == "" {
-		return c.zones[0], nil
+		return c.opts.Zones[0], nil
 	}
-	if !slices.Contains(c.zones, z) {
-		return "", fmt.Errorf("zone %q is not one of %v: %w", z, c.zones, cloud.ErrInvalid)
+	if !slices.Contains(c.opts.Zones, z) {
+		return "", fmt.Errorf("zone %q is not one of %v: %w", z, c.opts.Zones, cloud.ErrInvalid)
 	}
 	return z, nil
 }

@@ -184,3 +184,28 @@ func TestInstanceServiceAccount(t *testing.T) {
 		t.Fatalf("%d JWT exchanges; the instance's tokens come from the metadata service", n)
 	}
 }
+
+// An IAM token exchange is retried only by the call that needs the token:
+// with IAM answering Unavailable, one backend call makes at most
+// MaxAttempts exchanges (one per try of the call), never an exchange
+// retried inside each of its tries.
+func TestIAMExchangesAreNotRetriedInsideRetries(t *testing.T) {
+	const maxAttempts = 4
+	f, key := startFake(t, yandexfake.Options{TokenTTL: 250 * time.Millisecond})
+	o := yandex.FakeOptions(f, key)
+	o.MaxAttempts = maxAttempts
+	c := yandex.Open(t, o)
+	time.Sleep(300 * time.Millisecond) // Open's token has expired
+	f.FailCalls(yandexfake.MethodIAMTokenCreate, codes.Unavailable, 1000)
+	before := len(f.Calls(yandexfake.MethodIAMTokenCreate))
+	_, err := c.ListDisks(context.Background(), cloud.ListOptions{})
+	exchanges := len(f.Calls(yandexfake.MethodIAMTokenCreate)) - before
+	if err == nil {
+		t.Fatal("ListDisks succeeded without a token")
+	}
+	if exchanges > maxAttempts {
+		t.Fatalf("one ListDisks made %d IAM token exchanges with IAM unavailable, want at most %d (MaxAttempts): %v",
+			exchanges, maxAttempts, err)
+	}
+	t.Logf("%d exchanges: %v", exchanges, err)
+}

@@ -80,7 +80,8 @@
 //     a client tell it from throttling (no detail) and from a disk attached
 //     elsewhere (FailedPrecondition).
 //   - DetachDisk: by disk_id or device_name; a disk not attached to that
-//     instance, FailedPrecondition.
+//     instance, or busy (above), FailedPrecondition. The disk's status is
+//     not checked (the API documents no refusal of a detach by status).
 //   - Ids longer than the API's 50 characters are InvalidArgument; unknown
 //     ids NotFound.
 //

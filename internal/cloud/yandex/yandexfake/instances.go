@@ -208,8 +208,11 @@ func (s instanceService) DetachDisk(ctx context.Context, req *compute.DetachInst
 	}
 	att := in.disks[i]
 	d := f.disks[att.DiskId]
-	if err := mutable(d); err != nil {
-		return nil, err
+	// A busy disk is refused, as by every mutation; its status is not
+	// checked (mutable's READY rule is the attach's and the other
+	// mutations'): the API documents no refusal of a detach by status.
+	if d.busy != nil {
+		return nil, mutable(d)
 	}
 	return f.startOp(ctx, opSpec{
 		method:      MethodInstanceDetach,
