@@ -107,7 +107,7 @@ func yandexFlags(f *pflag.FlagSet, y *app.YandexOptions) {
 	f.StringVar(&y.MetadataURL, "yandex-metadata-url", yandex.DefaultMetadataURL, "the instance metadata service (node id, the instance's service account)")
 	f.StringVar(&y.ByIDDir, "yandex-by-id-dir", yandex.DefaultByIDDir, "where the node finds attached disks' by-id links (virtio-<disk id>)")
 	f.IntVar(&y.MaxDisks, "yandex-max-disks", yandex.DefaultMaxDisks, "disks an instance holds (its max volumes)")
-	f.Float64Var(&y.RateLimit, "yandex-rate-limit", yandex.DefaultRateLimit, "calls per second to the Yandex API (every compute and operation call, polls of operations included)")
+	f.Float64Var(&y.RateLimit, "yandex-rate-limit", yandex.DefaultRateLimit, "calls per second to the Yandex API (every compute and operation call, polls of operations included, and the endpoint discovery at start-up)")
 	f.IntVar(&y.RateBurst, "yandex-rate-burst", yandex.DefaultBurst, "calls to the Yandex API allowed at once above --yandex-rate-limit")
 	f.BoolVar(&y.LoopSerial, "yandex-loop-serial", false, "prove a device by its loop backing file's name (a test's node simulator; never on a real node)")
 	_ = f.MarkHidden("yandex-insecure")

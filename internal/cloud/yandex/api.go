@@ -47,8 +47,9 @@ type api struct {
 // has already paced and retries as a whole, so one try makes at most one
 // exchange; retried on its own as well, each try would retry its
 // exchange, with the token cache's lock held throughout. Endpoint
-// discovery, asked once at start-up, is neither paced nor retried: its
-// failure fails New. plaintext is for a fake API, never the real one.
+// discovery, asked once at start-up with no token, is paced and retried
+// like a compute call: an API that is busy for a moment does not fail New.
+// plaintext is for a fake API, never the real one.
 func dialAPI(ctx context.Context, endpoint string, plaintext bool, src iamTokenSource, paced grpc.UnaryClientInterceptor) (a *api, err error) {
 	transport := grpc.WithTransportCredentials(grpccreds.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12}))
 	if plaintext {
@@ -72,7 +73,7 @@ func dialAPI(ctx context.Context, endpoint string, plaintext bool, src iamTokenS
 		return conn, nil
 	}
 	// Discovery is asked once: its connection is not kept.
-	discovery, err := newClient(endpoint)
+	discovery, err := newClient(endpoint, grpc.WithChainUnaryInterceptor(paced))
 	if err != nil {
 		return nil, err
 	}

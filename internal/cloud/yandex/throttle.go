@@ -31,7 +31,7 @@ const (
 // inside a try of the call that needs the token, as the try's per-call
 // credentials, so it is paced and retried with that call, at most one
 // exchange per try, maxAttempts per call. Endpoint discovery, once at
-// start-up, is neither paced nor retried. gRPC's built-in retries are
+// start-up, is paced and retried as a compute call is. gRPC's built-in retries are
 // disabled on every connection, so these are the only retries.
 type throttle struct {
 	limiter     *rate.Limiter

@@ -209,3 +209,18 @@ func TestIAMExchangesAreNotRetriedInsideRetries(t *testing.T) {
 	}
 	t.Logf("%d exchanges: %v", exchanges, err)
 }
+
+// TestEndpointDiscoveryIsRetried: an API that refuses the start-up's
+// endpoint discovery for load a few times does not fail the start; the
+// discovery is retried as a compute call is.
+func TestEndpointDiscoveryIsRetried(t *testing.T) {
+	f, key := startFake(t, yandexfake.Options{})
+	f.FailCalls(yandexfake.MethodEndpointList, codes.Unavailable, 2)
+	c := yandex.Open(t, yandex.FakeOptions(f, key))
+	if _, err := c.ListDisks(context.Background(), cloud.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.Calls(yandexfake.MethodEndpointList)); n != 3 {
+		t.Fatalf("endpoint discovery asked %d times, want 3 (two refused, one answered)", n)
+	}
+}
