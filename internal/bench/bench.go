@@ -55,8 +55,10 @@ const (
 	PhaseScale Phase = "scale"
 	// PhaseFloor is a floor, measured at concurrency 1 in every round:
 	// at its start, Probe's round trip and a bare bbolt commit,
-	// interleaved (always measured); right before the lifecycle phase, a
-	// bare mkfs + mount of a volume's size (see Config.MkfsFloorSamples).
+	// interleaved (always measured); with the lifecycle phase, a bare
+	// mkfs + mount of a volume's size, between the units of its lane of
+	// concurrency 1 or, with none, right before it (see
+	// Config.MkfsFloorSamples).
 	PhaseFloor Phase = "floor"
 )
 
@@ -122,16 +124,16 @@ type Config struct {
 	// system to compare like with like.
 	FloorDir string
 	// MkfsFloorSamples is the mkfs+mount samples of the floor per round
-	// (default 24, at most Count; negative: none). Each binds a sparse file
-	// of SizeBytes in FloorDir to a loop device, formats it as csid does
-	// (mkfs.FsType with csid's options) and mounts it (mount(8), csid's
-	// arguments): the timed part; then unmounts it, releases the device and
-	// removes the file. The samples are taken between the lifecycle's units
-	// at concurrency 1, spread evenly, and the lifecycle's time leaves them
-	// out (floorBetween); with no such lane, back to back before the
-	// lifecycle. It is measured only as root, when the lifecycle phase runs
-	// with the mount access type (Report.Floor.MkfsMountAbsent says why
-	// not).
+	// (default 24; at most Count, more are taken as Count; negative: none).
+	// Each binds a sparse file of SizeBytes in FloorDir to a loop device,
+	// formats it as csid does (mkfs.FsType with csid's options) and mounts
+	// it (mount(8), csid's arguments): the timed part; then unmounts it,
+	// releases the device and removes the file. The samples are taken
+	// between the units of the lifecycle's lane of concurrency 1, spread
+	// evenly, and the lifecycle's time leaves them out (floorBetween); with
+	// no such lane, back to back before the lifecycle. It is measured only
+	// as root, when the lifecycle phase runs with the mount access type
+	// (Report.Floor.MkfsMountAbsent says why not).
 	MkfsFloorSamples int
 	// JournalDir keeps the journals of runs (default
 	// $XDG_CACHE_HOME/csid-bench, or ~/.cache/csid-bench).
@@ -206,6 +208,7 @@ func (c *Config) defaults() error {
 	if c.MkfsFloorSamples == 0 {
 		c.MkfsFloorSamples = 24
 	}
+	c.MkfsFloorSamples = min(c.MkfsFloorSamples, c.Count) // at most one after each lifecycle unit
 	if c.FloorDir == "" {
 		c.FloorDir = os.TempDir()
 	}

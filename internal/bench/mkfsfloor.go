@@ -147,7 +147,7 @@ func (r *runner) newFloorBetween(ctx context.Context, round int, f *mkfsFloor, l
 		r.add(r.mkfsFloor(ctx, round, f))
 		return nil
 	}
-	return &floorBetween{r: r, f: f, n: min(r.cfg.MkfsFloorSamples, r.cfg.Count), count: r.cfg.Count, s: newSamples(),
+	return &floorBetween{r: r, f: f, n: r.cfg.MkfsFloorSamples, count: r.cfg.Count, s: newSamples(),
 		res:   Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: methodMkfsMount},
 		label: fmt.Sprintf("round %d floor mkfs+mount", round)}
 }
