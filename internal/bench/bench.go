@@ -701,9 +701,8 @@ func (r *runner) unwind(ctx context.Context, s *samples, v *volume) error {
 // counts as an error; ctx ending stops the workers between units.
 func (r *runner) measure(ctx context.Context, base Result, lanes []lane, unit func(ctx context.Context, s *samples, ln lane, i int) error) []Result {
 	type acc struct {
-		s            *samples
-		done, failed int
-		elapsed      time.Duration
+		s *samples
+		tally
 	}
 	accs := make([]acc, len(lanes))
 	for i := range accs {
@@ -735,19 +734,47 @@ func (r *runner) measure(ctx context.Context, base Result, lanes []lane, unit fu
 	out := make([]Result, len(lanes))
 	for i, a := range accs {
 		res := base
-		res.Concurrency, res.Baseline, res.Count, res.Errors = lanes[i].conc, lanes[i].ep.baseline, a.done, a.failed
+		res.Concurrency, res.Baseline = lanes[i].conc, lanes[i].ep.baseline
 		a.elapsed = a.s.timed(a.elapsed)
-		res.ElapsedSeconds = a.elapsed.Seconds()
-		if a.elapsed > 0 {
-			res.OpsPerSecond = float64(a.done-a.failed) / a.elapsed.Seconds()
-		}
-		res.RPCs = a.s.stats(a.elapsed)
-		out[i] = res
+		out[i] = a.result(res, a.s)
 	}
 	slices.SortStableFunc(out, func(a, b Result) int {
 		return cmp.Or(cmp.Compare(a.Concurrency, b.Concurrency), cmp.Compare(boolInt(a.Baseline), boolInt(b.Baseline)))
 	})
 	return out
+}
+
+// tally counts the units of a measurement: those done (failed or not),
+// those that failed, and the time they took.
+type tally struct {
+	done, failed int
+	elapsed      time.Duration
+}
+
+// count counts a unit that returned err, and notes a failed unit's error
+// under label. A unit cut short by ctx ending is interrupted, not failed:
+// it is not counted, and count returns false.
+func (t *tally) count(ctx context.Context, r *runner, label string, err error) bool {
+	if err != nil && ctx.Err() != nil {
+		return false
+	}
+	t.done++
+	if err != nil {
+		t.failed++
+		r.noteError(fmt.Errorf("%s: %w", label, err))
+	}
+	return true
+}
+
+// result is res with the measurement's figures: t's units and their
+// throughput over t.elapsed, and s's, method by method.
+func (t tally) result(res Result, s *samples) Result {
+	res.Count, res.Errors, res.ElapsedSeconds = t.done, t.failed, t.elapsed.Seconds()
+	if t.elapsed > 0 {
+		res.OpsPerSecond = float64(t.done-t.failed) / t.elapsed.Seconds()
+	}
+	res.RPCs = s.stats(t.elapsed)
+	return res
 }
 
 // measureLabel names a measurement in the progress line and in errors.

@@ -50,7 +50,7 @@ func TestMeasureInterleavesLanes(t *testing.T) {
 // more samples asked for than units, one follows every unit.
 func TestFloorBetweenIsSpreadEvenly(t *testing.T) {
 	for _, tc := range []struct{ n, count int }{{10, 48}, {24, 48}, {48, 48}, {3, 4}, {1, 7}} {
-		b := &floorBetween{n: tc.n, count: tc.count}
+		b := &floorBetween{r: &runner{cfg: Config{MkfsFloorSamples: tc.n, Count: tc.count}}}
 		var after []int
 		for i := range tc.count {
 			if b.due(i) {
