@@ -451,8 +451,9 @@ func (r *runner) prepareDirs() (func(), error) {
 }
 
 // rounds runs every round: the floor, then each phase on every lane (each
-// endpoint at each concurrency), interleaved (see measure); right before
-// the lifecycle phase, the mkfs+mount floor.
+// endpoint at each concurrency), interleaved (see measure); with the
+// lifecycle phase, the mkfs+mount floor, between the units of its lane of
+// concurrency 1 (floorBetween) or, with none, right before it (mkfsFloor).
 func (r *runner) rounds(ctx context.Context, id string) (err error) {
 	scratch, err := r.makeScratch(id)
 	if err != nil {
@@ -486,7 +487,11 @@ func (r *runner) rounds(ctx context.Context, id string) (err error) {
 			}
 			var between *floorBetween
 			if p == PhaseLifecycle && mf != nil {
-				between = r.newFloorBetween(ctx, round, mf, lanes)
+				if slices.ContainsFunc(lanes, isFloorLane) {
+					between = r.newFloorBetween(round, mf)
+				} else {
+					r.add(r.mkfsFloor(ctx, round, mf))
+				}
 			}
 			for _, res := range r.phase(ctx, p, round, lanes, between) {
 				r.add(res)

@@ -147,14 +147,10 @@ type floorBetween struct {
 	t  tally
 }
 
-// newFloorBetween prepares the floor of round's lifecycle phase on lanes,
-// or returns nil when no lane is of concurrency 1 on the endpoint under
-// test: the floor is then sampled back to back, now.
-func (r *runner) newFloorBetween(ctx context.Context, round int, f *mkfsFloor, lanes []lane) *floorBetween {
-	if !slices.ContainsFunc(lanes, isFloorLane) {
-		r.add(r.mkfsFloor(ctx, round, f))
-		return nil
-	}
+// newFloorBetween prepares the floor of round's lifecycle phase, to be
+// sampled between the units of its floor lane (isFloorLane): the caller
+// sees that it has one.
+func (r *runner) newFloorBetween(round int, f *mkfsFloor) *floorBetween {
 	return &floorBetween{r: r, f: f, round: round, s: newSamples()}
 }
 
