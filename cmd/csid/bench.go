@@ -116,7 +116,7 @@ func (o *benchOptions) flags(f *pflag.FlagSet) {
 	f.DurationVar(&cfg.Timeout, "timeout", 0, "bound of each RPC (default 2m)")
 	f.IntVar(&cfg.FloorSamples, "floor-samples", 200, "Probe and bbolt samples of the floor per round")
 	f.StringVar(&cfg.FloorDir, "floor-dir", "", "directory of the floors' bbolt file and image: the driver's state dir's file system (default: the temporary directory)")
-	f.IntVar(&o.mkfsFloorSamples, "mkfs-floor-samples", 24, "mkfs+mount samples of the stage's floor per round, taken between the lifecycle's units at concurrency 1 (root, lifecycle, mount volumes; 0: none)")
+	f.IntVar(&o.mkfsFloorSamples, "mkfs-floor-samples", 24, "mkfs+mount samples of the stage's floor per round, taken between the units of the lifecycle's concurrency-1 lane; back to back before the lifecycle when -c has no 1 (root, lifecycle, mount volumes; 0: none)")
 	f.StringVar(&cfg.JournalDir, "journal-dir", "", "where runs journal their volumes (default ~/.cache/csid-bench)")
 	f.BoolVar(&cfg.CleanupOnly, "cleanup-only", false, "only clean up after killed runs against --endpoint")
 	f.StringVarP(&o.output, "output", "o", "table", "report format: table or json")

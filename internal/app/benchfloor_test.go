@@ -150,7 +150,8 @@ func TestBenchMkfsFloorInterrupted(t *testing.T) {
 	floorDir := t.TempDir()
 	cfg := mkfsFloorConfig(t, in.Socket, floorDir)
 	cfg.Concurrency = []int{2}
-	cfg.MkfsFloorSamples = 10000 // minutes: the interruption comes first
+	// Minutes of samples (at most -n of them): the interruption comes first.
+	cfg.Count, cfg.MkfsFloorSamples = 10000, 10000
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Ctrl-C once the progress line shows the floor (its first redraw,

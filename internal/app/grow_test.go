@@ -147,6 +147,12 @@ func (r *growRig) up(t *testing.T, c apptest.Client, v *growVol) {
 func (r *growRig) down(t *testing.T, c apptest.Client, v *growVol) {
 	t.Helper()
 	apptest.R(c.NodeUnpublishVolume(r.ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})).Must(t)
+	r.unstage(t, c, v)
+}
+
+// unstage unstages and detaches v, staged but not published.
+func (r *growRig) unstage(t *testing.T, c apptest.Client, v *growVol) {
+	t.Helper()
 	apptest.R(c.NodeUnstageVolume(r.ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.stage})).Must(t)
 	apptest.R(c.ControllerUnpublishVolume(r.ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: "node-1"})).Must(t)
 }
@@ -241,11 +247,11 @@ func TestShutdownLetsResize2fsFinish(t *testing.T) {
 	if exitErr != nil {
 		t.Errorf("csid exited with %v after SIGTERM, want a clean exit", exitErr)
 	}
-	writes, err := os.ReadFile(done)
+	writes, err := readWrites(done)
 	if err != nil {
-		t.Fatalf("resize2fs did not finish (it was killed): %v", err)
+		t.Fatalf("after the shutdown: %v", err)
 	}
-	t.Logf("SIGTERM to exit: %v; resize2fs made %s writes and finished", took.Round(time.Millisecond), strings.TrimSpace(string(writes)))
+	t.Logf("SIGTERM to exit: %v; resize2fs made %d writes and finished", took.Round(time.Millisecond), writes)
 	if !strings.Contains(proc.log.String(), "waiting for host tools to finish") || !strings.Contains(proc.log.String(), "resize2fs") {
 		t.Errorf("csid did not say it waited for resize2fs; its log:\n%s", proc.log.String())
 	}
@@ -271,7 +277,9 @@ func TestShutdownLetsResize2fsFinish(t *testing.T) {
 // resize2fs's count of writes is not the same for every volume: under load
 // one may make a write more or less than the census volume (289 against 290
 // was seen). A volume that finishes before its kill point is grown with no
-// kill; its point then moves to that volume's last write, on a spare volume.
+// kill, and checked as the others (clean for e2fsck -fn, and staged with
+// its files, grown); its point then moves to that volume's last write, on
+// a spare volume.
 func TestGrowthSurvivesAKill(t *testing.T) {
 	const points, spares = 12, 3
 	r := newGrowRig(t)
@@ -319,6 +327,18 @@ func TestGrowthSurvivesAKill(t *testing.T) {
 				t.Fatalf("kill at write %d of %d: NodeStage succeeded, yet resize2fs made %d writes (%v)", k, total, n, rerr)
 			}
 			t.Logf("%s: resize2fs made %d writes, finished before write %d; the point moves to write %d of the next volume", v.name, n, k, n)
+			// Grown with no kill, and left staged and attached: brought
+			// down, by a csid without the shim's kill, it is checked as
+			// the others are.
+			proc, c = r.start(t)
+			r.unstage(t, c, v)
+			if clean, out := r.fsck(t, v); !clean {
+				t.Errorf("%s, grown with no kill: e2fsck -fn: %s", v.name, out)
+			}
+			if err := r.check(t, c, v); err != nil {
+				t.Errorf("%s, grown with no kill: %v", v.name, err)
+			}
+			proc.stop(t)
 			k = n
 		}
 		clean, out := r.fsck(t, v)

@@ -55,8 +55,10 @@ const (
 	PhaseScale Phase = "scale"
 	// PhaseFloor is a floor, measured at concurrency 1 in every round:
 	// at its start, Probe's round trip and a bare bbolt commit,
-	// interleaved (always measured); right before the lifecycle phase, a
-	// bare mkfs + mount of a volume's size (see Config.MkfsFloorSamples).
+	// interleaved (always measured); with the lifecycle phase, a bare
+	// mkfs + mount of a volume's size, between the units of its lane of
+	// concurrency 1 or, with none, right before it (see
+	// Config.MkfsFloorSamples).
 	PhaseFloor Phase = "floor"
 )
 
@@ -122,16 +124,16 @@ type Config struct {
 	// system to compare like with like.
 	FloorDir string
 	// MkfsFloorSamples is the mkfs+mount samples of the floor per round
-	// (default 24, at most Count; negative: none). Each binds a sparse file
-	// of SizeBytes in FloorDir to a loop device, formats it as csid does
-	// (mkfs.FsType with csid's options) and mounts it (mount(8), csid's
-	// arguments): the timed part; then unmounts it, releases the device and
-	// removes the file. The samples are taken between the lifecycle's units
-	// at concurrency 1, spread evenly, and the lifecycle's time leaves them
-	// out (floorBetween); with no such lane, back to back before the
-	// lifecycle. It is measured only as root, when the lifecycle phase runs
-	// with the mount access type (Report.Floor.MkfsMountAbsent says why
-	// not).
+	// (default 24; at most Count, more are taken as Count; negative: none).
+	// Each binds a sparse file of SizeBytes in FloorDir to a loop device,
+	// formats it as csid does (mkfs.FsType with csid's options) and mounts
+	// it (mount(8), csid's arguments): the timed part; then unmounts it,
+	// releases the device and removes the file. The samples are taken
+	// between the units of the lifecycle's lane of concurrency 1, spread
+	// evenly, and the lifecycle's time leaves them out (floorBetween); with
+	// no such lane, back to back before the lifecycle. It is measured only
+	// as root, when the lifecycle phase runs with the mount access type
+	// (Report.Floor.MkfsMountAbsent says why not).
 	MkfsFloorSamples int
 	// JournalDir keeps the journals of runs (default
 	// $XDG_CACHE_HOME/csid-bench, or ~/.cache/csid-bench).
@@ -206,6 +208,7 @@ func (c *Config) defaults() error {
 	if c.MkfsFloorSamples == 0 {
 		c.MkfsFloorSamples = 24
 	}
+	c.MkfsFloorSamples = min(c.MkfsFloorSamples, c.Count) // at most one after each lifecycle unit
 	if c.FloorDir == "" {
 		c.FloorDir = os.TempDir()
 	}
@@ -448,8 +451,9 @@ func (r *runner) prepareDirs() (func(), error) {
 }
 
 // rounds runs every round: the floor, then each phase on every lane (each
-// endpoint at each concurrency), interleaved (see measure); right before
-// the lifecycle phase, the mkfs+mount floor.
+// endpoint at each concurrency), interleaved (see measure); with the
+// lifecycle phase, the mkfs+mount floor, between the units of its lane of
+// concurrency 1 (floorBetween) or, with none, right before it (mkfsFloor).
 func (r *runner) rounds(ctx context.Context, id string) (err error) {
 	scratch, err := r.makeScratch(id)
 	if err != nil {
@@ -483,7 +487,11 @@ func (r *runner) rounds(ctx context.Context, id string) (err error) {
 			}
 			var between *floorBetween
 			if p == PhaseLifecycle && mf != nil {
-				between = r.newFloorBetween(ctx, round, mf, lanes)
+				if slices.ContainsFunc(lanes, isFloorLane) {
+					between = r.newFloorBetween(round, mf)
+				} else {
+					r.add(r.mkfsFloor(ctx, round, mf))
+				}
 			}
 			for _, res := range r.phase(ctx, p, round, lanes, between) {
 				r.add(res)
@@ -698,9 +706,8 @@ func (r *runner) unwind(ctx context.Context, s *samples, v *volume) error {
 // counts as an error; ctx ending stops the workers between units.
 func (r *runner) measure(ctx context.Context, base Result, lanes []lane, unit func(ctx context.Context, s *samples, ln lane, i int) error) []Result {
 	type acc struct {
-		s            *samples
-		done, failed int
-		elapsed      time.Duration
+		s *samples
+		tally
 	}
 	accs := make([]acc, len(lanes))
 	for i := range accs {
@@ -732,19 +739,47 @@ func (r *runner) measure(ctx context.Context, base Result, lanes []lane, unit fu
 	out := make([]Result, len(lanes))
 	for i, a := range accs {
 		res := base
-		res.Concurrency, res.Baseline, res.Count, res.Errors = lanes[i].conc, lanes[i].ep.baseline, a.done, a.failed
+		res.Concurrency, res.Baseline = lanes[i].conc, lanes[i].ep.baseline
 		a.elapsed = a.s.timed(a.elapsed)
-		res.ElapsedSeconds = a.elapsed.Seconds()
-		if a.elapsed > 0 {
-			res.OpsPerSecond = float64(a.done-a.failed) / a.elapsed.Seconds()
-		}
-		res.RPCs = a.s.stats(a.elapsed)
-		out[i] = res
+		out[i] = a.result(res, a.s)
 	}
 	slices.SortStableFunc(out, func(a, b Result) int {
 		return cmp.Or(cmp.Compare(a.Concurrency, b.Concurrency), cmp.Compare(boolInt(a.Baseline), boolInt(b.Baseline)))
 	})
 	return out
+}
+
+// tally counts the units of a measurement: those done (failed or not),
+// those that failed, and the time they took.
+type tally struct {
+	done, failed int
+	elapsed      time.Duration
+}
+
+// count counts a unit that returned err, and notes a failed unit's error
+// under label. A unit cut short by ctx ending is interrupted, not failed:
+// it is not counted, and count returns false.
+func (t *tally) count(ctx context.Context, r *runner, label string, err error) bool {
+	if err != nil && ctx.Err() != nil {
+		return false
+	}
+	t.done++
+	if err != nil {
+		t.failed++
+		r.noteError(fmt.Errorf("%s: %w", label, err))
+	}
+	return true
+}
+
+// result is res with the measurement's figures: t's units and their
+// throughput over t.elapsed, and s's, method by method.
+func (t tally) result(res Result, s *samples) Result {
+	res.Count, res.Errors, res.ElapsedSeconds = t.done, t.failed, t.elapsed.Seconds()
+	if t.elapsed > 0 {
+		res.OpsPerSecond = float64(t.done-t.failed) / t.elapsed.Seconds()
+	}
+	res.RPCs = s.stats(t.elapsed)
+	return res
 }
 
 // measureLabel names a measurement in the progress line and in errors.

@@ -47,35 +47,63 @@ func TestMeasureInterleavesLanes(t *testing.T) {
 
 // TestFloorBetweenIsSpreadEvenly: the mkfs+mount floor's samples follow n
 // of a lifecycle's units, evenly spaced, the last unit among them; with
-// more samples asked for than units, one follows every unit.
+// more samples asked for than units, one follows every unit (the config's
+// defaults take them down to the count).
 func TestFloorBetweenIsSpreadEvenly(t *testing.T) {
-	for _, tc := range []struct{ n, count int }{{10, 48}, {24, 48}, {48, 48}, {3, 4}, {1, 7}} {
-		b := &floorBetween{n: tc.n, count: tc.count}
+	for _, tc := range []struct{ n, count int }{{10, 48}, {24, 48}, {48, 48}, {50, 48}, {3, 4}, {1, 7}} {
+		cfg := Config{Endpoint: "unix:///csi.sock", Count: tc.count, MkfsFloorSamples: tc.n}
+		if err := cfg.defaults(); err != nil {
+			t.Fatal(err)
+		}
+		want := min(tc.n, tc.count)
+		if cfg.MkfsFloorSamples != want { // also the back-to-back floor's count
+			t.Errorf("%d samples asked for over %d units: the config has %d, want %d", tc.n, tc.count, cfg.MkfsFloorSamples, want)
+		}
+		b := (&runner{cfg: cfg}).newFloorBetween(1, nil)
 		var after []int
 		for i := range tc.count {
 			if b.due(i) {
 				after = append(after, i)
 			}
 		}
-		if len(after) != tc.n || after[len(after)-1] != tc.count-1 {
-			t.Errorf("%d samples over %d units follow units %v", tc.n, tc.count, after)
+		if len(after) != want || after[len(after)-1] != tc.count-1 {
+			t.Errorf("%d samples asked for over %d units follow units %v, want %d of them", tc.n, tc.count, after, want)
 			continue
 		}
 		for k := 1; k < len(after); k++ {
-			if gap := after[k] - after[k-1]; gap < tc.count/tc.n || gap > (tc.count+tc.n-1)/tc.n {
-				t.Errorf("%d samples over %d units: gap %d between units %d and %d", tc.n, tc.count, gap, after[k-1], after[k])
+			if gap := after[k] - after[k-1]; gap < tc.count/want || gap > (tc.count+want-1)/want {
+				t.Errorf("%d samples over %d units: gap %d between units %d and %d", want, tc.count, gap, after[k-1], after[k])
 			}
 		}
 	}
 }
 
-// TestLeftOutTimeIsNotTimed: what a unit leaves out is not in the
-// measurement's elapsed time.
+// TestLeftOutTimeIsNotTimed: a measurement's elapsed time (and so its
+// throughput) leaves out what its units leave out (the mkfs+mount floor's
+// samples between lifecycles), and keeps the rest of their time.
 func TestLeftOutTimeIsNotTimed(t *testing.T) {
-	s := newSamples()
-	s.leaveOut(3 * time.Second)
-	s.leaveOut(2 * time.Second)
-	if got := s.timed(12 * time.Second); got != 7*time.Second {
-		t.Fatalf("timed = %v, want 7s", got)
+	const units, work, out = 3, 2 * time.Millisecond, 100 * time.Millisecond
+	r := &runner{cfg: Config{Count: units}, eps: []*endpoint{{addr: "a"}}}
+	start := time.Now()
+	res := r.measure(context.Background(), Result{Phase: "lifecycle", Count: units}, r.lanes([]int{1}), func(_ context.Context, s *samples, _ lane, _ int) error {
+		time.Sleep(work)
+		time.Sleep(out)
+		s.leaveOut(out)
+		return nil
+	})
+	wall := time.Since(start)
+	if len(res) != 1 || res[0].Count != units || res[0].Errors != 0 {
+		t.Fatalf("results %+v", res)
+	}
+	// The measurement ran within wall, its units one after the other, each
+	// at least work+out long: its elapsed time, less what was left out, is
+	// at least their work and at most wall less what was left out, however
+	// slow the machine.
+	got := res[0].ElapsedSeconds
+	if lo, hi := (units * work).Seconds(), (wall - units*out).Seconds(); got < lo || got > hi {
+		t.Errorf("elapsed %.3fs, want within [%.3fs, %.3fs] (wall %v, %v left out)", got, lo, hi, wall, units*out)
+	}
+	if left := (units * out).Seconds(); got >= left {
+		t.Errorf("elapsed %.3fs: not below the %.3fs left out", got, left)
 	}
 }

@@ -77,26 +77,16 @@ func (r *runner) floorSamples(ctx context.Context, res Result, label string, sam
 	s := newSamples()
 	r.prog.begin(label, res.Count)
 	start := time.Now()
-	done, failed := 0, 0
-	for ; done < res.Count && ctx.Err() == nil; done++ {
-		err := sample(s)
-		if err != nil && ctx.Err() != nil {
-			break // interrupted, not failed
-		}
-		if err != nil {
-			failed++
-			r.noteError(fmt.Errorf("%s: %w", label, err))
+	var t tally
+	for t.done < res.Count && ctx.Err() == nil {
+		if !t.count(ctx, r, label, sample(s)) {
+			break // interrupted
 		}
 		r.prog.step()
 	}
-	elapsed := time.Since(start)
+	t.elapsed = time.Since(start)
 	r.prog.end()
-	res.Count, res.Errors, res.ElapsedSeconds = done, failed, elapsed.Seconds()
-	if elapsed > 0 {
-		res.OpsPerSecond = float64(done-failed) / elapsed.Seconds()
-	}
-	res.RPCs = s.stats(elapsed)
-	return res
+	return t.result(res, s)
 }
 
 // fsType names the file system of dir (for the report: a floor on tmpfs

@@ -89,12 +89,23 @@ func (r *runner) mkfsFloorAbsent() string {
 // lifecycle phase. It is the floor of a lifecycle phase with no lane of
 // concurrency 1 (see floorBetween).
 func (r *runner) mkfsFloor(ctx context.Context, round int, f *mkfsFloor) Result {
-	res := Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: methodMkfsMount, Count: r.cfg.MkfsFloorSamples}
-	return r.floorSamples(ctx, res, fmt.Sprintf("round %d floor mkfs+mount", round), func(s *samples) error {
+	res := mkfsFloorResult(round)
+	res.Count = r.cfg.MkfsFloorSamples
+	return r.floorSamples(ctx, res, mkfsFloorLabel(round), func(s *samples) error {
 		_, err := f.sampleInto(ctx, s)
 		return err
 	})
 }
+
+// mkfsFloorResult is the Result of round's mkfs+mount floor, before its
+// figures.
+func mkfsFloorResult(round int) Result {
+	return Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: methodMkfsMount}
+}
+
+// mkfsFloorLabel names round's mkfs+mount floor in the progress line and
+// in errors.
+func mkfsFloorLabel(round int) string { return fmt.Sprintf("round %d floor mkfs+mount", round) }
 
 // sampleInto takes one sample and adds it to s: the timed unit and its two
 // parts, or a failure. It returns how long the whole sample took, its
@@ -127,29 +138,20 @@ func (f *mkfsFloor) sampleInto(ctx context.Context, s *samples) (time.Duration, 
 // sampled between its units, in the same runs (docs/benchmarks.md). With
 // no lane of concurrency 1 the floor is sampled back to back (mkfsFloor).
 type floorBetween struct {
-	r        *runner
-	f        *mkfsFloor
-	n, count int // samples, and the units they are spread over
-	res      Result
-	label    string
+	r     *runner
+	f     *mkfsFloor
+	round int
 
-	mu           sync.Mutex
-	s            *samples
-	done, failed int
-	elapsed      time.Duration
+	mu sync.Mutex
+	s  *samples
+	t  tally
 }
 
-// newFloorBetween prepares the floor of round's lifecycle phase on lanes,
-// or returns nil when no lane is of concurrency 1 on the endpoint under
-// test: the floor is then sampled back to back, now.
-func (r *runner) newFloorBetween(ctx context.Context, round int, f *mkfsFloor, lanes []lane) *floorBetween {
-	if !slices.ContainsFunc(lanes, isFloorLane) {
-		r.add(r.mkfsFloor(ctx, round, f))
-		return nil
-	}
-	return &floorBetween{r: r, f: f, n: min(r.cfg.MkfsFloorSamples, r.cfg.Count), count: r.cfg.Count, s: newSamples(),
-		res:   Result{Phase: string(PhaseFloor), Round: round, Concurrency: 1, Unit: methodMkfsMount},
-		label: fmt.Sprintf("round %d floor mkfs+mount", round)}
+// newFloorBetween prepares the floor of round's lifecycle phase, to be
+// sampled between the units of its floor lane (isFloorLane): the caller
+// sees that it has one.
+func (r *runner) newFloorBetween(round int, f *mkfsFloor) *floorBetween {
+	return &floorBetween{r: r, f: f, round: round, s: newSamples()}
 }
 
 // isFloorLane: the floor is sampled between the units of this lane.
@@ -165,33 +167,24 @@ func (b *floorBetween) after(ctx context.Context, s *samples, ln lane, i int) {
 	defer b.mu.Unlock()
 	took, err := b.f.sampleInto(ctx, b.s)
 	s.leaveOut(took)
-	if err != nil && ctx.Err() != nil {
-		return // interrupted, not failed
-	}
-	b.done, b.elapsed = b.done+1, b.elapsed+took
-	if err != nil {
-		b.failed++
-		b.r.noteError(fmt.Errorf("%s: %w", b.label, err))
+	if b.t.count(ctx, b.r, mkfsFloorLabel(b.round), err) {
+		b.t.elapsed += took
 	}
 }
 
-// due reports whether a sample follows unit i: n of the count units, one
-// in every count/n, the last unit among them.
+// due reports whether a sample follows unit i: MkfsFloorSamples of the
+// Count units, one in every Count/MkfsFloorSamples, the last unit among
+// them.
 func (b *floorBetween) due(i int) bool {
-	return (i+1)*b.n/b.count != i*b.n/b.count
+	n, count := b.r.cfg.MkfsFloorSamples, b.r.cfg.Count
+	return (i+1)*n/count != i*n/count
 }
 
 // result is the floor's Result, once the lifecycle phase is over.
 func (b *floorBetween) result() Result {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	res := b.res
-	res.Count, res.Errors, res.ElapsedSeconds = b.done, b.failed, b.elapsed.Seconds()
-	if b.elapsed > 0 {
-		res.OpsPerSecond = float64(b.done-b.failed) / b.elapsed.Seconds()
-	}
-	res.RPCs = b.s.stats(b.elapsed)
-	return res
+	return b.t.result(mkfsFloorResult(b.round), b.s)
 }
 
 // sample makes a sparse image of the run's size, binds it to a loop
