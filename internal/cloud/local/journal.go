@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -102,8 +101,10 @@ type journal struct {
 	idle  time.Duration
 	limit int
 
-	// arriving counts the calls on their way to an intent (arrive).
+	// arriving counts the calls on their way to an intent (arrive); left
+	// wakes a gathering commit when one of them leaves.
 	arriving atomic.Int64
+	left     chan struct{}
 
 	mu     sync.Mutex
 	cur    *generation // nil until the next intent
@@ -129,21 +130,35 @@ type generation struct {
 func (j *journal) arrive() (leave func()) {
 	j.arriving.Add(1)
 	var once sync.Once
-	return func() { once.Do(func() { j.arriving.Add(-1) }) }
+	return func() {
+		once.Do(func() {
+			j.arriving.Add(-1)
+			select {
+			case j.left <- struct{}{}:
+			default:
+			}
+		})
+	}
 }
 
 // gather lets the calls on their way to the journal append their intents
 // before a commit begins, so that it serves them too, for at most
 // gatherMax: a commit delay, as databases make one while other
 // transactions are in flight. It waits for nothing when no other call is
-// under way, as at concurrency 1.
+// under way, as at concurrency 1, and it sleeps while it waits (each call
+// that leaves wakes it), leaving the processor to the calls it waits for.
 func (j *journal) gather() {
 	if j.arriving.Load() == 0 {
 		return
 	}
-	deadline := time.Now().Add(gatherMax)
-	for j.arriving.Load() > 0 && time.Now().Before(deadline) {
-		runtime.Gosched()
+	window := time.NewTimer(gatherMax)
+	defer window.Stop()
+	for j.arriving.Load() > 0 {
+		select {
+		case <-j.left:
+		case <-window.C:
+			return
+		}
 	}
 }
 

@@ -170,7 +170,7 @@ func openState(dir string) (*state, error) {
 		s.lockF.Close()
 		return nil, fmt.Errorf("local cloud: %w", err)
 	}
-	s.jrnl = &journal{dir: s.journal, boot: s.boot, syncfs: s.syncfs, idle: journalIdle, limit: journalIntents}
+	s.jrnl = &journal{dir: s.journal, boot: s.boot, syncfs: s.syncfs, idle: journalIdle, limit: journalIntents, left: make(chan struct{}, 1)}
 	if s.orderedMeta, err = ordersMetadata(s.disks); err != nil {
 		s.lockF.Close()
 		return nil, fmt.Errorf("local cloud: %w", err)
