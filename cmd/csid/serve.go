@@ -41,6 +41,7 @@ type serveOptions struct {
 	o                                              app.Options
 	mode, logFormat, logLevel, crashAt, socketMode string
 	deadlines                                      map[string]string
+	spareProcs                                     int
 }
 
 func newServe() *cobra.Command {
@@ -52,10 +53,14 @@ func newServe() *cobra.Command {
 		Example: serveExample,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if so.spareProcs < 0 {
+				return fmt.Errorf("--spare-procs %d: want 0 or more", so.spareProcs)
+			}
 			o, err := so.options(cmd)
 			if err != nil {
 				return err
 			}
+			setProcs(so.spareProcs)
 			if err := app.Run(cmd.Context(), o); err != nil {
 				return fmt.Errorf("serve: %w", err)
 			}
@@ -90,6 +95,8 @@ func (so *serveOptions) flags(f *pflag.FlagSet) {
 			"a pod's terminationGracePeriodSeconds must exceed 2*shutdown-timeout + host-tool-grace")
 	f.StringToStringVar(&so.deadlines, "op-deadline", nil, "deadline of one attempt of an operation, by event, e.g. controller_publish=2m,node_stage=30m; "+
 		"an attempt past it is retried, and host tools are never killed for it (defaults: "+defaultDeadlines()+")")
+	f.IntVar(&so.spareProcs, "spare-procs", defaultSpareProcs, "processors the Go scheduler runs beyond the CPUs it would use (GOMAXPROCS = its default + this), "+
+		"so that a write returning from a flush goes on at once; the GOMAXPROCS environment variable, when set, is used as it is")
 	f.StringVar(&so.logFormat, "log-format", "json", "log format: json or console")
 	f.StringVar(&so.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&so.crashAt, "crash-at", "", "arm a crash point (drills): name or name:N")

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -187,7 +188,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	log.Info().Str("endpoint", sock).Str("state", st.Path()).Str("cloud", o.Cloud).Msg("serving CSI; resuming operations")
+	log.Info().Str("endpoint", sock).Str("state", st.Path()).Str("cloud", o.Cloud).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("serving CSI; resuming operations")
 
 	// Identity answers from here on; Probe says ready once the records are
 	// reconciled with the cloud and the host, and ops are resumed.
