@@ -176,7 +176,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(driver.Interceptor(log.With().Str("component", "csi").Logger(), ob.rpcObserver())))
+	srv := grpc.NewServer(grpc.NumStreamWorkers(streamWorkers), grpc.UnaryInterceptor(driver.Interceptor(log.With().Str("component", "csi").Logger(), ob.rpcObserver())))
 	drv.Register(srv)
 	if err := ob.start(o, eng, st, srv, backendCheck(o.Mode, p.cloud, o.NodeID)); err != nil {
 		return err
@@ -244,6 +244,13 @@ func (o *Options) complete() (sock string, perm SocketPerm, err error) {
 	}
 	return sock, perm, nil
 }
+
+// streamWorkers is the number of goroutines gRPC keeps to serve calls: a
+// call finds one whose stack has grown already (a new goroutine a call
+// grew it again, copying it at each step; docs/benchmarks.md, "Seventh
+// pass"). Calls beyond them get a goroutine each, as without workers. The
+// Kubernetes sidecars make up to tens of calls at once.
+const streamWorkers = 32
 
 // openStore opens the mode's state file, watched for changes under csid.
 func openStore(o Options, ob *observability, log zerolog.Logger) (*store.Store, error) {

@@ -172,9 +172,14 @@ type Engine struct {
 	base     context.Context
 	stop     context.CancelCauseFunc
 	workers  sync.WaitGroup
+	runners  *spawner // the workers' goroutines, kept for the next op
 	sem      chan struct{}
 	sweeper  sync.WaitGroup
 }
+
+// keepRunnersIdle is how long a worker's goroutine waits for the next op
+// before it ends.
+const keepRunnersIdle = 10 * time.Second
 
 // errShutdown is the cause of worker contexts cancelled by Close.
 var errShutdown = errors.New("csid is shutting down")
@@ -229,9 +234,10 @@ func New(cfg Config) *Engine {
 		cfg.NewSnapshotID = newSnapshotID
 	}
 	base, stop := context.WithCancelCause(context.Background())
+	draining := make(chan struct{})
 	return &Engine{cfg: cfg, st: cfg.Store, log: cfg.Log, flights: map[uint64]*flight{},
-		draining: make(chan struct{}), base: base, stop: stop,
-		sem: make(chan struct{}, cfg.Workers)}
+		draining: draining, base: base, stop: stop,
+		sem: make(chan struct{}, cfg.Workers), runners: newSpawner(draining, keepRunnersIdle)}
 }
 
 // newVolumeID draws a volume id: "vol-" and 20 hex digits, the first 12
@@ -647,7 +653,7 @@ func (e *Engine) launchLocked(op *store.Op, r *record) *flight {
 	}
 	e.flights[op.Seq] = f
 	e.workers.Add(1)
-	go e.run(f)
+	e.runners.spawn(func() { e.run(f) })
 	return f
 }
 
