@@ -131,16 +131,6 @@ func zeroed(device string) (bool, error) {
 	return zeroWhereBlkidLooksIn(f, size)
 }
 
-// zeroWhereBlkidLooks is the read check alone, on a descriptor of its own.
-func zeroWhereBlkidLooks(device string) (bool, error) {
-	f, size, err := openProbed(device)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	return zeroWhereBlkidLooksIn(f, size)
-}
-
 // openProbed opens device for the blank check, bypassing the page cache
 // when the device allows, and returns it with its size: a block device of
 // non-zero size.
