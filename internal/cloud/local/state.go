@@ -460,10 +460,7 @@ func (s *state) recordFile(d cloud.Disk, durable bool) (string, error) {
 // writeAt writes b at offset off of the open file fd.
 func writeAt(fd int, b []byte, off int64) error {
 	for len(b) > 0 {
-		n, err := unix.Pwrite(fd, b, off)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
+		n, err := uninterrupted(func() (int, error) { return unix.Pwrite(fd, b, off) })
 		if err != nil {
 			return err
 		}
